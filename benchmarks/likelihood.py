@@ -1,0 +1,136 @@
+"""Time the log-likelihood: median per call, compile time apart, peak memory, and the memory floor.
+
+    python benchmarks/likelihood.py [--quick] [--max-cells N] [--out DIR]
+
+Data are random tip states on random topologies (timing does not depend on the
+values). The floor is the bytes the post-order pass must move at the least,
+writing and reading each internal partial once, `2 (N-1) C P S bytes`, over the
+device bandwidth measured here by a large copy. BEAGLE 4.0.1 (CUDA, float64, 4
+categories, same H100) is the reference named in issue #2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxphylo as jp
+from jaxphylo.likelihood._api import PatternData, _pattern_log_likelihoods
+
+BEAGLE_MS = {("4", 1000, 1000): "0.3-0.5", ("4", 1000, 10000): "4.6-6.9 (10.7 rescaled)", ("61", 62, 3600): "1.95"}
+CASES = [("4", 100, 1000), ("4", 100, 10000), ("4", 1000, 1000), ("4", 1000, 10000),
+         ("4", 10000, 1000), ("4", 10000, 10000), ("61", 62, 3600)]
+
+
+def measured_bandwidth() -> float:
+    """Bytes per second of a device copy (read + write), median of several."""
+    x = jnp.ones(1 << 27, jnp.float64)  # 1 GiB
+    copy = jax.jit(lambda a: a * 1.0000001)
+    copy(x).block_until_ready()
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        copy(x).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * x.nbytes / statistics.median(times)
+
+
+def make_case(states: str, taxa: int, patterns: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    names = [f"t{i}" for i in range(taxa)]
+    tree = jp.random_topology_tree(names, seed=seed, mean_branch_length=0.05)
+    if states == "4":
+        model = jp.parse_model("HKY{2}+F{.3,.2,.2,.3}+G4{0.5}")
+    else:
+        model = jp.parse_model("GY{kappa=2,omega=0.3}+FQ+G4{0.5}", genetic_code=1)
+    s = model.alphabet.num_states
+    codes = np.vstack([rng.integers(0, s, (taxa, patterns)), np.full((1, patterns), s)]).astype(np.int32)
+    table = np.vstack([np.eye(s), np.ones((1, s))])
+    data = PatternData(jnp.asarray(codes), jnp.asarray(table), jnp.asarray(rng.integers(1, 4, patterns).astype(float)))
+    return tree, model, data
+
+
+@eqx.filter_jit
+def total_log_likelihood(model, branch_lengths, data, schedule, dtype):
+    return jnp.sum(data.weights.astype(dtype) * _pattern_log_likelihoods(model, branch_lengths, data, schedule, dtype))
+
+
+def peak_bytes():
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return stats["peak_bytes_in_use"]
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # CPU: process high-water mark
+
+
+def run_case(states, taxa, patterns, precision, bandwidth, repeats):
+    tree, model, data = make_case(states, taxa, patterns)
+    schedule = jp.build_schedule(tree.topology)
+    dtype = {"float64": jnp.float64, "float32": jnp.float32}[precision]
+    start = time.perf_counter()
+    jax.block_until_ready(total_log_likelihood(model, tree.branch_lengths, data, schedule, dtype))
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(total_log_likelihood(model, tree.branch_lengths, data, schedule, dtype))
+        times.append(time.perf_counter() - start)
+    median = statistics.median(times)
+    categories, s = 4, model.alphabet.num_states
+    floor = 2 * (taxa - 1) * categories * patterns * s * jnp.dtype(dtype).itemsize / bandwidth
+    return {
+        "states": int(states), "taxa": taxa, "patterns": patterns, "precision": precision,
+        "median_ms": 1e3 * median, "compile_s": first - median, "repeats": repeats,
+        "floor_ms": 1e3 * floor, "over_floor": median / floor,
+        "levels": int(schedule.steps.sum()), "peak_bytes": int(peak_bytes()),
+        "beagle_ms": BEAGLE_MS.get((states, taxa, patterns)) if precision == "float64" else None,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="small sizes only")
+    parser.add_argument("--max-cells", type=float, default=2e7, help="skip cases with taxa*patterns above this")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    device = jax.devices()[0]
+    bandwidth = measured_bandwidth()
+    rows = []
+    header = f"{'S':>3} {'taxa':>6} {'patt':>6} {'prec':>8} {'median ms':>10} {'compile s':>9} {'floor ms':>9} {'x floor':>8} {'peak MiB':>9}  BEAGLE ms (ratio)"
+    print(f"device: {device.device_kind} ({device.platform}); jax {jax.__version__}; bandwidth {bandwidth / 1e9:.0f} GB/s")
+    print(header)
+    for states, taxa, patterns in CASES:
+        if taxa * patterns > args.max_cells or (args.quick and taxa * patterns > 1e6):
+            continue
+        for precision in ("float64", "float32"):
+            row = run_case(states, taxa, patterns, precision, bandwidth, args.repeats)
+            rows.append(row)
+            beagle = row["beagle_ms"] or ""
+            if beagle:
+                low = float(beagle.split("-")[0].split()[0])
+                beagle = f"{beagle} ({row['median_ms'] / low:.1f}x)"
+            print(f"{states:>3} {taxa:>6} {patterns:>6} {precision:>8} {row['median_ms']:>10.3f} "
+                  f"{row['compile_s']:>9.2f} {row['floor_ms']:>9.3f} {row['over_floor']:>8.1f} "
+                  f"{row['peak_bytes'] / 2**20:>9.0f}  {beagle}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"benchmark": "likelihood", "device": device.device_kind, "platform": device.platform,
+              "jax": jax.__version__, "python": platform.python_version(), "bandwidth_GBps": bandwidth / 1e9,
+              "rows": rows}
+    path = out / f"likelihood-{device.platform}.json"
+    path.write_text(json.dumps(record, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

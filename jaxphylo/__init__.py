@@ -1,0 +1,29 @@
+"""jaxphylo: differentiable statistical phylogenetics in JAX.
+
+Importing jaxphylo switches JAX to 64-bit floats (`jax_enable_x64`): phylogenetic
+likelihoods need them by default. float32 stays available per call.
+"""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+from ._alignment import Alignment, SitePatterns  # noqa: E402
+from ._alphabet import DNA, PROTEIN, Alphabet, codon_alphabet  # noqa: E402
+from ._errors import InputError, JaxphyloError, ModelError  # noqa: E402
+from ._schedule import Schedule, build_schedule  # noqa: E402
+from ._simulate import random_topology_tree, simulate  # noqa: E402
+from ._tree import Topology, Tree  # noqa: E402
+from .io import parse_newick, read_alignment, read_tree, write_tree  # noqa: E402
+from .likelihood import log_likelihood, pattern_log_likelihoods  # noqa: E402
+from .models import Model, parse_model  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Alignment", "SitePatterns", "Alphabet", "DNA", "PROTEIN", "codon_alphabet",
+    "JaxphyloError", "InputError", "ModelError", "Schedule", "build_schedule",
+    "Topology", "Tree", "read_alignment", "read_tree", "parse_newick", "write_tree",
+    "log_likelihood", "pattern_log_likelihoods", "Model", "parse_model",
+    "simulate", "random_topology_tree",
+]

@@ -1,0 +1,113 @@
+"""Alignments as arrays: tip codes, the tip partial table, and site patterns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+from jaxtyping import Float, Int
+
+from ._alphabet import Alphabet
+from ._errors import InputError
+
+
+@dataclass(frozen=True)
+class SitePatterns:
+    """Distinct alignment columns and how often each occurs.
+
+    `codes[t, c]` indexes a row of `tip_table`, the 0/1 vector of states that
+    taxon `t` may have at pattern `c` (several ones for ambiguity, all ones for
+    missing data).
+    """
+
+    taxa: tuple[str, ...]
+    codes: Int[np.ndarray, "taxa patterns"]
+    weights: Float[np.ndarray, " patterns"]
+    tip_table: Float[np.ndarray, "codes states"]
+    alphabet: Alphabet
+
+    @property
+    def num_patterns(self) -> int:
+        return self.codes.shape[1]
+
+    def tip_partials(self) -> Float[np.ndarray, "taxa patterns states"]:
+        return self.tip_table[self.codes]
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Aligned sequences of one data type; `taxa` lists the names in file order."""
+
+    taxa: tuple[str, ...]
+    sequences: tuple[str, ...]
+    alphabet: Alphabet
+    source: str = field(default="<memory>", compare=False)
+
+    def __post_init__(self):
+        seen = set()
+        for name in self.taxa:
+            if name in seen:
+                raise InputError(f"{self.source}: duplicate taxon name {name!r}")
+            seen.add(name)
+        lengths = {len(s) for s in self.sequences}
+        if len(lengths) > 1:
+            first = len(self.sequences[0])
+            bad = next(t for t, s in zip(self.taxa, self.sequences) if len(s) != first)
+            raise InputError(
+                f"{self.source}: sequences differ in length: {self.taxa[0]!r} has {first}, "
+                f"{bad!r} has {len(self.sequences[self.taxa.index(bad)])}"
+            )
+        if not self.taxa:
+            raise InputError(f"{self.source}: no sequences")
+        width = self.alphabet.symbol_width
+        if width > 1 and len(self.sequences[0]) % width:
+            raise InputError(
+                f"{self.source}: codon alignment length {len(self.sequences[0])} is not a multiple of 3"
+            )
+        self._encoded  # validate every symbol now, once
+
+    @property
+    def num_sites(self) -> int:
+        """Number of columns in model units (codons for a codon alignment)."""
+        return len(self.sequences[0]) // self.alphabet.symbol_width
+
+    @cached_property
+    def _encoded(self) -> tuple[np.ndarray, np.ndarray]:
+        """(codes [taxa, sites], tip_table [codes, states]) with every symbol checked."""
+        width = self.alphabet.symbol_width
+        raw = np.frombuffer("".join(self.sequences).upper().encode("ascii", "replace"), np.uint8)
+        raw = raw.reshape(len(self.taxa), -1, width).astype(np.int64)
+        keys = np.zeros(raw.shape[:2], np.int64)
+        for k in range(width):
+            keys = keys * 256 + raw[..., k]
+        symbols, codes = np.unique(keys, return_inverse=True)
+        codes = codes.reshape(keys.shape)
+        table = np.zeros((len(symbols), self.alphabet.num_states))
+        for row, key in enumerate(symbols):
+            symbol = "".join(chr((int(key) >> (8 * k)) & 255) for k in reversed(range(width)))
+            try:
+                table[row, list(self.alphabet.compatible(symbol))] = 1.0
+            except (KeyError, ValueError) as err:
+                taxon, site = np.argwhere(codes == row)[0]
+                what = "stop codon" if isinstance(err, ValueError) else f"unknown {self.alphabet.name} character"
+                position = f"codon {site + 1}" if width > 1 else f"site {site + 1}"
+                raise InputError(
+                    f"{self.source}: {what} {symbol!r} in taxon {self.taxa[taxon]!r} at {position}"
+                ) from None
+        return codes.astype(np.int32), table
+
+    @cached_property
+    def _patterns(self) -> SitePatterns:
+        codes, table = self._encoded
+        columns, counts = np.unique(codes.T, axis=0, return_counts=True)
+        return SitePatterns(self.taxa, np.ascontiguousarray(columns.T), counts.astype(np.float64), table, self.alphabet)
+
+    def site_patterns(self) -> SitePatterns:
+        """Identical columns compressed into patterns with integer weights (computed once)."""
+        return self._patterns
+
+    def subset(self, taxa) -> "Alignment":
+        """The alignment restricted to, and reordered as, `taxa`."""
+        index = {t: i for i, t in enumerate(self.taxa)}
+        return Alignment(tuple(taxa), tuple(self.sequences[index[t]] for t in taxa), self.alphabet, self.source)

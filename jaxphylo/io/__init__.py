@@ -1,0 +1,6 @@
+"""Reading and writing alignments and trees."""
+
+from ._alignment_files import read_alignment
+from ._tree_files import parse_newick, read_tree, to_dendropy, write_tree
+
+__all__ = ["read_alignment", "read_tree", "parse_newick", "write_tree", "to_dendropy"]

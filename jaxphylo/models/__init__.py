@@ -1,0 +1,17 @@
+"""Substitution models, rate variation and model strings."""
+
+from ._amino_acid import EmpiricalAminoAcid
+from ._base import SubstitutionModel, transition_matrices
+from ._codon import GY94
+from ._frequencies import codon_frequencies, empirical_frequencies
+from ._model import Model
+from ._nucleotide import F81, GTR, HKY85, JC69, K80, TN93
+from ._parse import parse_model
+from ._rates import DiscreteGamma, FreeRates, InvariantSites, RateVariation, UniformRates
+
+__all__ = [
+    "Model", "SubstitutionModel", "transition_matrices", "parse_model",
+    "JC69", "K80", "F81", "HKY85", "TN93", "GTR", "EmpiricalAminoAcid", "GY94",
+    "RateVariation", "UniformRates", "DiscreteGamma", "FreeRates", "InvariantSites",
+    "empirical_frequencies", "codon_frequencies",
+]

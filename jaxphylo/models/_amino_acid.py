@@ -1,0 +1,46 @@
+"""Empirical amino-acid models: fixed exchangeabilities, states in ARNDCQEGHILKMFPSTWYV order."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._alphabet import PROTEIN, Alphabet
+from .._errors import ModelError
+from ._base import SubstitutionModel
+
+EMPIRICAL_MODELS = ("LG", "WAG", "JTT")
+
+
+@lru_cache(maxsize=None)
+def empirical_matrix(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(exchangeabilities [20, 20], frequencies [20]) of a published model."""
+    if name not in EMPIRICAL_MODELS:
+        raise ModelError(f"unknown amino-acid model {name!r}; known: {', '.join(EMPIRICAL_MODELS)}")
+    text = resources.files("jaxphylo.models").joinpath(f"_empirical/{name}.txt").read_text()
+    numbers = np.array([float(x) for line in text.splitlines() if not line.startswith("#") for x in line.split()])
+    r = np.zeros((20, 20))
+    r[np.tril_indices(20, -1)] = numbers[:190]
+    frequencies = numbers[190:210]
+    return r + r.T, frequencies / frequencies.sum()
+
+
+class EmpiricalAminoAcid(SubstitutionModel):
+    """LG, WAG or JTT; `frequencies` start at the model's own and may be replaced (+F)."""
+
+    frequencies: Float[Array, " 20"]
+    name: str = eqx.field(static=True)
+    alphabet: Alphabet = eqx.field(static=True, default=PROTEIN)
+
+    def __init__(self, name: str, frequencies=None):
+        r, pi = empirical_matrix(name)
+        self.name = name
+        self.frequencies = jnp.asarray(pi if frequencies is None else frequencies)
+
+    def exchangeabilities(self):
+        return jnp.asarray(empirical_matrix(self.name)[0], self.frequencies.dtype)

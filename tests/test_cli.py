@@ -1,0 +1,37 @@
+"""The command line: the example runs, bad input gives one line and a non-zero exit."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "jaxphylo.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_example_prints_the_log_likelihood():
+    result = run("loglik", "--example")
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout) == pytest.approx(-4652.533643, abs=1e-5)
+
+
+def test_float32_example():
+    result = run("loglik", "--example", "--precision", "float32")
+    assert float(result.stdout) == pytest.approx(-4652.533643, rel=1e-3)
+
+
+@pytest.mark.parametrize("files,model,message", [
+    ((">A\nACGT\n>B\nACG\n", "((A:1,B:1):1,C:1);"), "JC", "sequences differ in length"),
+    ((">A\nACGT\n>B\nACGT\n>C\nACGA\n", "((A:1,B:1):1,D:1);"), "JC", "taxon 'D' is in the tree but not"),
+    ((">A\nACGT\n>B\nACGT\n>C\nACGA\n", "((A:1,B:1):1,C:1;"), "JC", "tree.nwk: line 1"),
+    ((">A\nACGT\n>B\nACGT\n>C\nACGA\n", "((A:1,B:1):1,C:1);"), "GTR{1,2}", "GTR takes 5 or 6 values"),
+])
+def test_bad_input_is_one_line_without_traceback(tmp_path, files, model, message):
+    (tmp_path / "aln.fasta").write_text(files[0])
+    (tmp_path / "tree.nwk").write_text(files[1])
+    result = run("loglik", str(tmp_path / "aln.fasta"), str(tmp_path / "tree.nwk"), "--model", model)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("jaxphylo: error: ")
