@@ -11,7 +11,6 @@ import scipy.linalg
 
 import jaxphylo as jp
 from conftest import iqtree_log_likelihood, write_fasta
-from jaxphylo.models._rates import gamma_quantile
 
 
 def brute_force_log_likelihood(alignment, tree, model):
@@ -68,18 +67,21 @@ def test_transition_matrices_match_scipy_expm(model):
 
 
 @pytest.mark.parametrize("shape", [0.05, 0.3, 1.0, 7.0, 200.0])
-def test_discrete_gamma_quantiles_and_mean_rates(shape):
-    import scipy.special
-    import scipy.stats
-
-    k = 4
-    p = np.arange(1, k) / k
-    bounds = scipy.stats.gamma.ppf(p, shape)
-    np.testing.assert_allclose(gamma_quantile(jnp.asarray(shape), jnp.asarray(p)), bounds, rtol=1e-10)
-    cdf = np.concatenate([[0], scipy.special.gammainc(shape + 1, bounds), [1]])
-    rates, weights = jp.models.DiscreteGamma(jnp.asarray(shape), k).categories()
-    np.testing.assert_allclose(rates, k * np.diff(cdf), rtol=1e-9, atol=1e-300)
+def test_discrete_gamma_mean_rates_and_their_derivative(shape):
+    rates, weights = jp.models.DiscreteGamma(jnp.asarray(shape), 4).categories()
     assert float(jnp.sum(rates * weights)) == pytest.approx(1.0)
+    assert np.all(np.diff(np.asarray(rates)) > 0)
+    # Yang (1994) Table 1 style check: alpha = 1 has closed-form boundaries -log(1 - i/4)
+    if shape == 1.0:
+        b = -np.log(1 - np.arange(1, 4) / 4)
+        cdf = np.concatenate([[0], 1 - np.exp(-b) * (1 + b), [1]])
+        np.testing.assert_allclose(rates, 4 * np.diff(cdf), rtol=1e-12)
+    derivative = jax.jacfwd(lambda a: jp.models.DiscreteGamma(a, 4).categories()[0])(jnp.asarray(shape))
+    h = 1e-6 * shape
+    central = (np.asarray(jp.models.DiscreteGamma(jnp.asarray(shape + h), 4).categories()[0])
+               - np.asarray(jp.models.DiscreteGamma(jnp.asarray(shape - h), 4).categories()[0])) / (2 * h)
+    np.testing.assert_allclose(derivative, central, rtol=1e-6, atol=1e-12)
+    assert jax.vmap(lambda a: jp.models.DiscreteGamma(a, 4).categories()[0])(jnp.array([0.5, 2.0])).shape == (2, 4)
 
 
 @pytest.mark.parametrize("string,message", [

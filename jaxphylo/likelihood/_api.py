@@ -68,7 +68,8 @@ def kernel_branch_lengths(branch_lengths: Float[Array, " nodes"], schedule: Sche
 
 
 @eqx.filter_jit
-def _pattern_log_likelihoods(model: Model, branch_lengths, data: PatternData, schedule: Schedule, dtype):
+def _pattern_log_likelihoods(model: Model, branch_lengths, data: PatternData, schedule: Schedule, dtype,
+                             static_steps=None):
     transition = model.transition_matrices(kernel_branch_lengths(branch_lengths, schedule))
     _, weights = model.rate_categories()
     return _peeling.pattern_log_likelihoods(
@@ -78,6 +79,7 @@ def _pattern_log_likelihoods(model: Model, branch_lengths, data: PatternData, sc
         data.tip_codes,
         data.tip_table.astype(dtype),
         schedule,
+        static_steps,
     )
 
 
