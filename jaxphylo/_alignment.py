@@ -106,8 +106,3 @@ class Alignment:
     def site_patterns(self) -> SitePatterns:
         """Identical columns compressed into patterns with integer weights (computed once)."""
         return self._patterns
-
-    def subset(self, taxa) -> "Alignment":
-        """The alignment restricted to, and reordered as, `taxa`."""
-        index = {t: i for i, t in enumerate(self.taxa)}
-        return Alignment(tuple(taxa), tuple(self.sequences[index[t]] for t in taxa), self.alphabet, self.source)

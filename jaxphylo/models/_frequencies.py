@@ -59,5 +59,3 @@ def codon_frequencies(alignment: Alignment, method: str) -> np.ndarray:
     pi = np.array([np.prod([position[k][index[c[k]]] for k in range(3)]) for c in codons])
     return pi / pi.sum()
 
-
-__all__ = ["empirical_frequencies", "codon_frequencies"]

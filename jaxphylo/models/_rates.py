@@ -48,9 +48,13 @@ def _host_rates(shape, k):
 def _host_slopes(shape, k):
     """d rates / d shape by a five-point stencil: truncation ~ h^4 = 1e-12, round-off ~ 1e-13."""
     a = np.asarray(shape, float)
-    h = 1e-3 * a[..., None]
+    h = 1e-3 * a
     f = lambda x: _host_rates(x, k)
-    return (f(a - 2 * h[..., 0]) - 8 * f(a - h[..., 0]) + 8 * f(a + h[..., 0]) - f(a + 2 * h[..., 0])) / (12 * h)
+    return (f(a - 2 * h) - 8 * f(a - h) + 8 * f(a + h) - f(a + 2 * h)) / (12 * h)[..., None]
+
+
+def _rates_struct(shape, k):
+    return jax.ShapeDtypeStruct(jnp.shape(shape) + (k,), jnp.result_type(shape, float))
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
@@ -61,14 +65,14 @@ def discrete_gamma_rates(shape: Float[Array, ""], k: int) -> Float[Array, " k"]:
     loop, and inverting it cost 20 ms of host round trips per call on an H100
     (benchmarks/breakdown.py); four numbers belong on the CPU.
     """
-    out = jax.ShapeDtypeStruct(jnp.shape(shape) + (k,), jnp.result_type(shape, float))
+    out = _rates_struct(shape, k)
     return jax.pure_callback(lambda a: _host_rates(a, k).astype(out.dtype), out, shape, vmap_method="expand_dims")
 
 
 @discrete_gamma_rates.defjvp
 def _discrete_gamma_rates_jvp(k, primals, tangents):
     (shape,), (tangent,) = primals, tangents
-    out = jax.ShapeDtypeStruct(jnp.shape(shape) + (k,), jnp.result_type(shape, float))
+    out = _rates_struct(shape, k)
     slopes = jax.pure_callback(lambda a: _host_slopes(a, k).astype(out.dtype), out, shape, vmap_method="expand_dims")
     return discrete_gamma_rates(shape, k), slopes * jnp.asarray(tangent)[..., None]
 
