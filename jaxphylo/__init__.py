@@ -15,7 +15,9 @@ from ._schedule import Schedule, build_schedule  # noqa: E402
 from ._simulate import random_topology_tree, simulate  # noqa: E402
 from ._tree import Topology, Tree  # noqa: E402
 from .io import parse_newick, read_alignment, read_tree, write_tree  # noqa: E402
-from .likelihood import log_likelihood, pattern_log_likelihoods  # noqa: E402
+from .likelihood import (  # noqa: E402
+    ancestral_marginals, branch_length_derivatives, log_likelihood, pattern_log_likelihoods,
+)
 from .models import Model, parse_model  # noqa: E402
 
 __version__ = "0.1.0"
@@ -24,6 +26,7 @@ __all__ = [
     "Alignment", "SitePatterns", "Alphabet", "DNA", "PROTEIN", "codon_alphabet",
     "JaxphyloError", "InputError", "ModelError", "Schedule", "build_schedule",
     "Topology", "Tree", "read_alignment", "read_tree", "parse_newick", "write_tree",
-    "log_likelihood", "pattern_log_likelihoods", "Model", "parse_model",
+    "log_likelihood", "pattern_log_likelihoods", "ancestral_marginals",
+    "branch_length_derivatives", "Model", "parse_model",
     "simulate", "random_topology_tree",
 ]

@@ -18,7 +18,7 @@ class SitePatterns:
 
     `codes[t, c]` indexes a row of `tip_table`, the 0/1 vector of states that
     taxon `t` may have at pattern `c` (several ones for ambiguity, all ones for
-    missing data).
+    missing data). `site_pattern[j]` is the pattern of alignment column `j`.
     """
 
     taxa: tuple[str, ...]
@@ -26,6 +26,7 @@ class SitePatterns:
     weights: Float[np.ndarray, " patterns"]
     tip_table: Float[np.ndarray, "codes states"]
     alphabet: Alphabet
+    site_pattern: Int[np.ndarray, " sites"]
 
     @property
     def num_patterns(self) -> int:
@@ -100,8 +101,11 @@ class Alignment:
     @cached_property
     def _patterns(self) -> SitePatterns:
         codes, table = self._encoded
-        columns, counts = np.unique(codes.T, axis=0, return_counts=True)
-        return SitePatterns(self.taxa, np.ascontiguousarray(columns.T), counts.astype(np.float64), table, self.alphabet)
+        columns, site_pattern, counts = np.unique(codes.T, axis=0, return_inverse=True, return_counts=True)
+        return SitePatterns(
+            self.taxa, np.ascontiguousarray(columns.T), counts.astype(np.float64), table, self.alphabet,
+            site_pattern.reshape(-1).astype(np.int64),
+        )
 
     def site_patterns(self) -> SitePatterns:
         """Identical columns compressed into patterns with integer weights (computed once)."""

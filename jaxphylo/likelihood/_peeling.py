@@ -51,7 +51,7 @@ def child_messages(
     return jnp.where(is_tip[:, None, None, None], tip, internal)
 
 
-def _rescale(p):
+def rescale(p):
     scale = jnp.max(p, axis=(1, 3))
     scale = jnp.where(scale > 0, scale, 1.0)
     return p / scale[:, None, :, None], jnp.log(scale)
@@ -97,7 +97,7 @@ def post_order_partials(
         partials, log_scales = carry
         left = child_messages(children[:, 0], transition, partials, tip_codes, tip_table)
         right = child_messages(children[:, 1], transition, partials, tip_codes, tip_table)
-        p, log_scale = _rescale(left * right)
+        p, log_scale = rescale(left * right)
         rows = nodes - num_tips
         return partials.at[rows].set(p), log_scales.at[rows].set(log_scale)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -36,31 +37,67 @@ class SubstitutionModel(eqx.Module):
         q = offdiag - jnp.diag(offdiag.sum(axis=1))
         return q / jnp.sum(pi * offdiag.sum(axis=1))
 
-    def eigensystem(self):
-        """(eigenvalues [S], left [S, S], right [S, S]) with `P(t) = left diag(exp(lam t)) right`."""
+    def symmetric_form(self) -> tuple[Float[Array, "states states"], Float[Array, " states"]]:
+        """`(A, sqrt(pi))` with `A = diag(pi)^1/2 Q diag(pi)^-1/2` symmetric."""
         pi = self.frequencies
         r = _off_diagonal(self.exchangeabilities())
         scale = jnp.sum(pi * (r @ pi))
         root = jnp.sqrt(pi)
         sym = r * root[:, None] * root[None, :] / scale
-        sym = sym - jnp.diag((r @ pi) / scale)
-        lam, u = symmetric_eigh(sym)
-        return lam, u / root[:, None], (u * root[:, None]).T
+        return sym - jnp.diag((r @ pi) / scale), root
 
 
 def _off_diagonal(m):
     return m * (1.0 - jnp.eye(m.shape[-1], dtype=m.dtype))
 
 
-def symmetric_eigh(sym):
+def _eigh(sym):
     # Symmetrise explicitly: round-off asymmetry would otherwise leak into the gradient.
     return jnp.linalg.eigh(0.5 * (sym + sym.T))
 
 
+def _exprel(x):
+    """`(exp(x) - 1) / x` for x <= 0, smooth through zero."""
+    small = jnp.abs(x) < 1e-6
+    safe = jnp.where(small, -1.0, x)
+    return jnp.where(small, 1.0 + x / 2 + x * x / 6, jnp.expm1(safe) / safe)
+
+
+@jax.custom_jvp
+def symmetric_exponentials(
+    sym: Float[Array, "S S"], times: Float[Array, "*batch"]
+) -> Float[Array, "*batch S S"]:
+    """`expm(t A) = U diag(exp(lam t)) U^T` for symmetric `A` and every `t` in `times`.
+
+    The derivative is Daleckii-Krein's: `d expm(tA)[dA] = U (F o (U^T dA U)) U^T`
+    with divided differences `F_ij = (exp(t lam_i) - exp(t lam_j)) / (lam_i - lam_j)`
+    (`t exp(t lam_i)` when they coincide). Differentiating `eigh` instead divides by
+    `lam_i - lam_j` and gives NaN for JC69, K80, F81 and equal-frequency models.
+    """
+    lam, u = _eigh(sym)
+    return jnp.einsum("ik,...k,jk->...ij", u, jnp.exp(lam * times[..., None]), u)
+
+
+@symmetric_exponentials.defjvp
+def _symmetric_exponentials_jvp(primals, tangents):
+    sym, times = primals
+    d_sym, d_times = tangents
+    lam, u = _eigh(sym)
+    t = times[..., None, None]
+    high = jnp.maximum(lam[:, None], lam[None, :])  # factor out the larger exponent: no overflow
+    low = jnp.minimum(lam[:, None], lam[None, :])
+    divided = t * jnp.exp(t * high) * _exprel(t * (low - high))
+    rotated = u.T @ (0.5 * (d_sym + d_sym.T)) @ u
+    decay = jnp.exp(lam * times[..., None])
+    d_out = jnp.einsum("ik,...kl,jl->...ij", u, divided * rotated, u)
+    d_out += jnp.einsum("ik,...k,jk->...ij", u, lam * decay * d_times[..., None], u)
+    return jnp.einsum("ik,...k,jk->...ij", u, decay, u), d_out
+
+
 def transition_matrices(
-    eigensystem, times: Float[Array, " branches"], rates: Float[Array, " categories"]
+    substitution: SubstitutionModel, times: Float[Array, " branches"], rates: Float[Array, " categories"]
 ) -> Float[Array, "branches categories states states"]:
-    """`P[b, c] = expm(rates[c] * times[b] * Q)` for every branch and category at once."""
-    lam, left, right = eigensystem
-    decay = jnp.exp(lam[None, None, :] * (times[:, None, None] * rates[None, :, None]))
-    return jnp.einsum("ik,bck,kj->bcij", left, decay, right)
+    """`P[b, c] = expm(rates[c] * times[b] * Q) = diag(pi)^-1/2 expm(rates[c] times[b] A) diag(pi)^1/2`."""
+    sym, root = substitution.symmetric_form()
+    exponentials = symmetric_exponentials(sym, times[:, None] * rates[None, :])
+    return exponentials * (root[None, :] / root[:, None])

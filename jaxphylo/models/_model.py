@@ -30,4 +30,4 @@ class Model(eqx.Module):
         self, branch_lengths: Float[Array, " branches"]
     ) -> Float[Array, "branches categories states states"]:
         rates, _ = self.rate_categories()
-        return transition_matrices(self.substitution.eigensystem(), branch_lengths, rates)
+        return transition_matrices(self.substitution, branch_lengths, rates)
