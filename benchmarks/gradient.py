@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxphylo as jp
-from jaxphylo.likelihood._api import _pattern_log_likelihoods
+from jaxphylo.likelihood._api import _pattern_log_likelihoods, schedule_for
 from likelihood import make_case, measured_bandwidth
 
 BEAGLE_MS = {("4", 1000, 1000): "13", ("4", 1000, 10000): "110-136", ("61", 62, 3600): "11.4",
@@ -68,7 +68,7 @@ def timed(function, args, repeats):
 
 def run_case(states, taxa, patterns, bandwidth, repeats, autodiff_max_cells):
     tree, model, data = make_case(states, taxa, patterns)
-    schedule = jp.build_schedule(tree.topology)
+    schedule = schedule_for(tree, model, data, jnp.float64)
     args = (model, tree.branch_lengths, data, schedule)
     steps = tuple(int(k) for k in schedule.steps)
     row = {"states": int(states), "taxa": taxa, "patterns": patterns, "precision": "float64", "repeats": repeats}

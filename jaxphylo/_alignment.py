@@ -74,8 +74,8 @@ class Alignment:
         return len(self.sequences[0]) // self.alphabet.symbol_width
 
     @cached_property
-    def _encoded(self) -> tuple[np.ndarray, np.ndarray]:
-        """(codes [taxa, sites], tip_table [codes, states]) with every symbol checked."""
+    def _encoded(self) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+        """(codes [taxa, sites], tip_table [codes, states], symbol of each code), every symbol checked."""
         width = self.alphabet.symbol_width
         raw = np.frombuffer("".join(self.sequences).upper().encode("ascii", "replace"), np.uint8)
         raw = raw.reshape(len(self.taxa), -1, width).astype(np.int64)
@@ -85,8 +85,8 @@ class Alignment:
         symbols, codes = np.unique(keys, return_inverse=True)
         codes = codes.reshape(keys.shape)
         table = np.zeros((len(symbols), self.alphabet.num_states))
-        for row, key in enumerate(symbols):
-            symbol = "".join(chr((int(key) >> (8 * k)) & 255) for k in reversed(range(width)))
+        names = tuple("".join(chr((int(key) >> (8 * k)) & 255) for k in reversed(range(width))) for key in symbols)
+        for row, symbol in enumerate(names):
             try:
                 table[row, list(self.alphabet.compatible(symbol))] = 1.0
             except (KeyError, ValueError) as err:
@@ -96,11 +96,16 @@ class Alignment:
                 raise InputError(
                     f"{self.source}: {what} {symbol!r} in taxon {self.taxa[taxon]!r} at {position}"
                 ) from None
-        return codes.astype(np.int32), table
+        return codes.astype(np.int32), table, names
+
+    def encoded(self) -> tuple[Int[np.ndarray, "taxa sites"], Float[np.ndarray, "codes states"], tuple[str, ...]]:
+        """Every cell as a code: `(codes, table, symbols)`; row `k` of `table` holds the
+        states symbol `symbols[k]` allows (upper-cased)."""
+        return self._encoded
 
     @cached_property
     def _patterns(self) -> SitePatterns:
-        codes, table = self._encoded
+        codes, table, _ = self._encoded
         columns, site_pattern, counts = np.unique(codes.T, axis=0, return_inverse=True, return_counts=True)
         return SitePatterns(
             self.taxa, np.ascontiguousarray(columns.T), counts.astype(np.float64), table, self.alphabet,

@@ -8,9 +8,11 @@ branches, which leave the likelihood unchanged.
 Internal nodes are processed level by level (a node's level is one more than
 its highest child's), in *phases* of fixed widths `W_0 > W_1 > ... > 1`
 (powers of two). A level goes to the narrowest phase it fits in, split into
-several steps if it is wider. Phase widths depend only on N, and the number of
-steps per phase is data, so every topology of N taxa runs the same compiled
-code. Each step pads at most to twice its level's width.
+several steps if it is wider. Phase widths depend only on N and `max_width`,
+and the number of steps per phase is data, so every topology of N taxa runs
+the same compiled code. Each step pads at most to twice its level's width.
+`max_width` bounds the temporaries of one step (a few `[width, C, P, S]`
+arrays): without it, a 10,000-taxon, 10,000-pattern gradient asked for 64 GiB.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ class Schedule(eqx.Module):
         return 2 * self.num_tips - 1
 
 
-def phase_widths(num_tips: int) -> tuple[int, ...]:
-    """Powers of two from the widest possible level (N/2 for a binary tree) down to 1."""
+def phase_widths(num_tips: int, max_width: int | None = None) -> tuple[int, ...]:
+    """Powers of two from the widest possible level (N/2 for a binary tree), at most `max_width`, down to 1."""
     top = 1 << max(0, (max(num_tips // 2, 1) - 1).bit_length())
+    if max_width is not None:
+        top = min(top, 1 << max(0, max_width.bit_length() - 1))
     return tuple(1 << k for k in range(top.bit_length() - 1, -1, -1))
 
 
@@ -78,13 +82,13 @@ def _binarize(topology: Topology):
     return np.asarray(kernel_parent), np.asarray(user_of)
 
 
-def build_schedule(topology: Topology) -> Schedule:
-    """The schedule of `topology` (cached: topologies are hashable)."""
-    return _cached_schedule(topology)
+def build_schedule(topology: Topology, max_width: int | None = None) -> Schedule:
+    """The schedule of `topology`, steps at most `max_width` nodes wide (cached: topologies are hashable)."""
+    return _cached_schedule(topology, max_width)
 
 
 @lru_cache(maxsize=256)
-def _cached_schedule(topology: Topology) -> Schedule:
+def _cached_schedule(topology: Topology, max_width: int | None) -> Schedule:
     n = topology.num_tips
     parent, user_of = _binarize(topology)
     num_kernel = 2 * n - 1
@@ -101,7 +105,7 @@ def _cached_schedule(topology: Topology) -> Schedule:
     for node in range(n, num_kernel):
         level[node] = 1 + max(level[kids[node, 0]], level[kids[node, 1]])
 
-    widths = phase_widths(n)
+    widths = phase_widths(n, max_width)
     internal = np.arange(n, num_kernel)
     by_level = [internal[level[n:] == lv] for lv in range(1, level.max() + 1)] if n > 1 else []
     slots: list[np.ndarray] = []

@@ -42,6 +42,69 @@ def _loglik(args) -> None:
     print(f"{value:.6f}")
 
 
+def _distance(args) -> None:
+    import jaxphylo as jp
+
+    alignment = jp.read_alignment(args.alignment, data_type=args.data_type)
+    matrix = jp.distances(alignment, args.method, saturated=args.saturated)
+    jp.io.write_distance_matrix(matrix, alignment.taxa, args.out)
+    print(f"# {len(alignment.taxa)} taxa, {args.method or 'default'} distances -> {args.out}", file=sys.stderr)
+
+
+def _nj(args) -> None:
+    import jaxphylo as jp
+
+    if args.matrix:
+        matrix, taxa = jp.io.read_distance_matrix(args.input)
+    else:
+        alignment = jp.read_alignment(args.input, data_type=args.data_type)
+        matrix, taxa = jp.distances(alignment, args.distance, saturated=args.saturated), alignment.taxa
+    build = jp.bionj if args.method == "bionj" else jp.neighbor_joining
+    jp.write_tree(build(matrix, taxa), args.out)
+    print(f"# {args.method} tree of {len(taxa)} taxa -> {args.out}", file=sys.stderr)
+
+
+def _coevolution(args) -> None:
+    import numpy as np
+
+    import jaxphylo as jp
+
+    alignment = jp.read_alignment(args.alignment, data_type=args.data_type)
+    result = jp.coevolution.mutual_information(alignment, order=args.order, shuffles=args.shuffles,
+                                               seed=args.seed, base=args.base, progress=True)
+    length = result.mi.shape[0]
+    columns = [c for c in np.ndindex(*result.mi.shape) if list(c) == sorted(set(c))]  # i < j (< k)
+    names = ["i", "j", "k"][: args.order]
+    with open(f"{args.out}.tsv", "w") as handle:
+        handle.write("\t".join(names + ["mi", "null_mean", "null_std", "zscore", "percentile"]
+                               + (["apc"] if args.order == 2 else [])) + "\n")
+        for c in columns:
+            values = [result.mi[c], result.null_mean[c], result.null_std[c], result.zscore[c], result.percentile[c]]
+            values += [result.apc[c]] if args.order == 2 else []
+            handle.write("\t".join([str(x + 1) for x in c] + [f"{v:.8g}" for v in values]) + "\n")
+    _heatmap(result, length, f"{args.out}.png")
+    print(f"# {length} columns, {args.order}-point MI, {args.shuffles} shuffles -> {args.out}.tsv, {args.out}.png",
+          file=sys.stderr)
+
+
+def _heatmap(result, length, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    z = result.zscore if result.zscore.ndim == 2 else np.max(result.zscore, axis=2)
+    figure, axis = plt.subplots(figsize=(6, 5))
+    image = axis.imshow(np.where(np.eye(length, dtype=bool), np.nan, z), cmap="viridis", origin="lower")
+    axis.set_xlabel("column")
+    axis.set_ylabel("column")
+    axis.set_title("MI z-score against shuffled columns" + (" (max over k)" if result.zscore.ndim == 3 else ""))
+    figure.colorbar(image, ax=axis)
+    figure.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(figure)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxphylo", description="Differentiable phylogenetics in JAX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -56,6 +119,35 @@ def build_parser() -> argparse.ArgumentParser:
     loglik.add_argument("--example", action="store_true", help="use the built-in example data set")
     loglik.add_argument("--verbose", "-v", action="store_true", help="print data sizes and timing to stderr")
     loglik.set_defaults(run=_loglik)
+
+    distance = commands.add_parser("distance", help="all-pairs distances, written as a PHYLIP matrix")
+    distance.add_argument("alignment")
+    distance.add_argument("--method", help="DNA: p, jc69 (default), k2p, tn93, logdet; protein: p, poisson (default)")
+    distance.add_argument("--saturated", type=float, default=float("inf"),
+                          help="value for saturated pairs (default inf)")
+    distance.add_argument("--data-type", choices=("dna", "protein"), default=None)
+    distance.add_argument("--out", "-o", required=True, help="output PHYLIP distance file")
+    distance.set_defaults(run=_distance)
+
+    nj = commands.add_parser("nj", help="neighbour-joining or BIONJ tree from an alignment or a distance matrix")
+    nj.add_argument("input", help="alignment, or a PHYLIP distance matrix with --matrix")
+    nj.add_argument("--matrix", action="store_true", help="INPUT is a PHYLIP distance matrix")
+    nj.add_argument("--method", choices=("nj", "bionj"), default="bionj")
+    nj.add_argument("--distance", help="distance for an alignment (as in 'jaxphylo distance')")
+    nj.add_argument("--saturated", type=float, default=5.0, help="distance for saturated pairs (default 5)")
+    nj.add_argument("--data-type", choices=("dna", "protein"), default=None)
+    nj.add_argument("--out", "-o", required=True, help="output Newick file")
+    nj.set_defaults(run=_nj)
+
+    coevolution = commands.add_parser("coevolution", help="mutual information between columns, with a shuffling null")
+    coevolution.add_argument("alignment")
+    coevolution.add_argument("--order", type=int, choices=(2, 3), default=2)
+    coevolution.add_argument("--shuffles", type=int, default=1000)
+    coevolution.add_argument("--seed", type=int, default=0)
+    coevolution.add_argument("--base", type=float, default=None, help="logarithm base (default e; 2 for bits)")
+    coevolution.add_argument("--data-type", choices=("dna", "protein"), default=None)
+    coevolution.add_argument("--out", "-o", required=True, help="output prefix: PREFIX.tsv and PREFIX.png")
+    coevolution.set_defaults(run=_coevolution)
     return parser
 
 

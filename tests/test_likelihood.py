@@ -145,7 +145,8 @@ def test_twenty_topologies_share_one_compilation():
     assert compiles == []
 
 
-def test_schedule_covers_every_internal_node_once():
+@pytest.mark.parametrize("max_width", [None, 8])
+def test_schedule_covers_every_internal_node_once(max_width):
     for shape in ["random", "caterpillar"]:
         taxa = [f"t{i}" for i in range(300)]
         if shape == "random":
@@ -153,7 +154,8 @@ def test_schedule_covers_every_internal_node_once():
         else:
             parent = [300 + max(i - 1, 0) for i in range(300)] + [300 + i + 1 for i in range(298)] + [-1]
             topology = jp.Topology(tuple(parent), tuple(taxa))
-        schedule = jp.build_schedule(topology)
+        schedule = jp.build_schedule(topology, max_width)
+        assert schedule.widths[0] <= (max_width or 256)
         used = []
         for j, width in enumerate(schedule.widths):
             start = schedule.offsets[j]

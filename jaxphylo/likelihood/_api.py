@@ -93,11 +93,22 @@ def _pattern_log_likelihoods(model: Model, branch_lengths, data: PatternData, sc
     return _peeling.pattern_log_likelihoods(*arrays, schedule, static_steps)
 
 
+STEP_BYTES = 1 << 28  # cap on one `[width, C, P, S]` temporary of a level step
+
+
+def schedule_for(tree: Tree, model: Model, data: PatternData, dtype) -> Schedule:
+    """The tree's schedule, with steps narrow enough that one step's arrays stay near `STEP_BYTES`."""
+    _, weights = jax.eval_shape(model.rate_categories)
+    node_bytes = weights.shape[0] * data.tip_codes.shape[1] * data.tip_table.shape[1] * jnp.dtype(dtype).itemsize
+    return build_schedule(tree.topology, max(1, STEP_BYTES // node_bytes))
+
+
 def prepare(alignment: Alignment, tree: Tree, model: Model, precision: str, method: str = "preorder"):
     """Validate the inputs, then `(pattern data, schedule, dtype)`."""
     _check_inputs(alignment, tree, model)
     _check_options(precision, method)
-    return pattern_data(alignment, tree), build_schedule(tree.topology), PRECISIONS[precision]
+    data, dtype = pattern_data(alignment, tree), PRECISIONS[precision]
+    return data, schedule_for(tree, model, data, dtype), dtype
 
 
 def _check_options(precision: str, method: str) -> None:

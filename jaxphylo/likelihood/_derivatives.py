@@ -32,7 +32,7 @@ def _kernel_derivatives(model: Model, branch_lengths, data: PatternData, schedul
     first_matrices = rates * jnp.einsum("ij,bcjk->bcik", q, transition)
     second_matrices = rates * jnp.einsum("ij,bcjk->bcik", q, first_matrices)
     post, _ = post_order_partials(transition, codes, table, schedule)
-    visit = branch_derivative_visitor(first_matrices, second_matrices, data.weights.astype(dtype), post, codes, table)
+    visit = branch_derivative_visitor(first_matrices, second_matrices, data.weights.astype(dtype))
     zeros = jnp.zeros(transition.shape[0], dtype)
     _, (first, second) = pre_order_partials(transition, pi, weights, post, codes, table, schedule, visit, (zeros, zeros))
     # Back from kernel nodes to the tree's branches: the transpose of `kernel_branch_lengths`.

@@ -49,7 +49,7 @@ def _backward(residuals, pattern_cotangent):
     transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, partials = residuals
     num_tips, patterns = tip_codes.shape[0] - 1, tip_codes.shape[1]
     states = tip_table.shape[1]
-    visit = transition_cotangent_visitor(pattern_cotangent, partials, tip_codes, tip_table)
+    visit = transition_cotangent_visitor(pattern_cotangent, tip_codes)
     start = (jnp.zeros_like(transition), jnp.zeros((num_tips + 1, patterns, states), transition.dtype))
     _, (d_transition, d_tips) = pre_order_partials(
         transition, root_frequencies, category_weights, partials, tip_codes, tip_table, schedule, visit, start

@@ -1,10 +1,12 @@
 """Felsenstein's post-order peeling over a level schedule.
 
 For internal node k with children i, j, in every rate category and pattern:
-`p_k = (P_i p_i) * (P_j p_j)`. A tip's message `P_i p_i` is a gather: row
-`code` of `P_i @ tip_table^T`, so ambiguity codes cost nothing extra. After each
-node, partials are divided by their maximum over categories and states per
-pattern, and the log of that factor is kept: the likelihood is then
+`p_k = (P_i p_i) * (P_j p_j)`. A tip's `p_i` is its row of the 0/1 tip table,
+so ambiguity codes cost nothing extra; tips and internal children of one step
+go through the same product (computing a tip's message as a gather instead and
+selecting between the two read every child twice). After each node, partials
+are divided by their maximum over categories and states per pattern, and the
+log of that factor is kept: the likelihood is then
 `log L_c = log(sum_r w_r pi^T p_root,r,c) + sum_k log scale_k,c`.
 
 Buffers hold internal nodes only (row = kernel node - N), plus one sentinel
@@ -32,29 +34,25 @@ def apply_transition(
     return jnp.einsum("...cij,...cpj->...cpi", p, x)
 
 
-def child_messages(
-    child: Int[Array, " W"],
-    transition: Float[Array, "kernel_nodes C S S"],
+def child_partials(
+    children: Int[Array, "W 2"],
     partials: Float[Array, "rows C patterns S"],
     tip_codes: Int[Array, "tips_plus_one patterns"],
     tip_table: Float[Array, "codes S"],
-) -> Float[Array, "W C patterns S"]:
-    """`P_child p_child` for a batch of children, tips by gather, internal nodes by product."""
+) -> Float[Array, "W 2 C patterns S"]:
+    """Rescaled partials `p_child`: a tip's 0/1 vector, or an internal node's buffer row."""
     num_tips = tip_codes.shape[0] - 1
-    sentinel_row = partials.shape[0] - 1
-    is_tip = child < num_tips
-    p = transition[child]
-    internal = apply_transition(p, partials[jnp.where(is_tip, sentinel_row, child - num_tips)])
-    by_code = jnp.einsum("wcij,kj->wcki", p, tip_table)  # message for every tip code
-    codes = tip_codes[jnp.where(is_tip, child, num_tips)]
-    tip = jnp.take_along_axis(by_code, codes[:, None, :, None], axis=2)
-    return jnp.where(is_tip[:, None, None, None], tip, internal)
+    is_tip = children < num_tips
+    internal = partials[jnp.where(is_tip, partials.shape[0] - 1, children - num_tips)]
+    tip = tip_table[tip_codes[jnp.where(is_tip, children, num_tips)]]
+    return jnp.where(is_tip[..., None, None, None], tip[:, :, None], internal)
 
 
-def rescale(p):
-    scale = jnp.max(p, axis=(1, 3))
+def rescale(p: Float[Array, "*batch C patterns S"]):
+    """Divide by the maximum over categories and states of each pattern; return it as a log."""
+    scale = jnp.max(p, axis=(-3, -1))
     scale = jnp.where(scale > 0, scale, 1.0)
-    return p / scale[:, None, :, None], jnp.log(scale)
+    return p / scale[..., None, :, None], jnp.log(scale)
 
 
 def level_loop(schedule: Schedule, body, carry, static_steps=None, reverse=False):
@@ -95,9 +93,8 @@ def post_order_partials(
 
     def body(carry, nodes, children):
         partials, log_scales = carry
-        left = child_messages(children[:, 0], transition, partials, tip_codes, tip_table)
-        right = child_messages(children[:, 1], transition, partials, tip_codes, tip_table)
-        p, log_scale = rescale(left * right)
+        messages = apply_transition(transition[children], child_partials(children, partials, tip_codes, tip_table))
+        p, log_scale = rescale(messages[:, 0] * messages[:, 1])
         rows = nodes - num_tips
         return partials.at[rows].set(p), log_scales.at[rows].set(log_scale)
 

@@ -19,21 +19,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._schedule import Schedule
-from ._peeling import apply_transition, child_messages, level_loop, rescale
-
-
-def child_partials(
-    child: Int[Array, " W"],
-    partials: Float[Array, "rows C patterns S"],
-    tip_codes: Int[Array, "tips_plus_one patterns"],
-    tip_table: Float[Array, "codes S"],
-) -> Float[Array, "W C patterns S"]:
-    """Rescaled partials `p_child`: a tip's 0/1 vector, or an internal node's buffer row."""
-    num_tips = tip_codes.shape[0] - 1
-    is_tip = child < num_tips
-    internal = partials[jnp.where(is_tip, partials.shape[0] - 1, child - num_tips)]
-    tip = tip_table[tip_codes[jnp.where(is_tip, child, num_tips)]]
-    return jnp.where(is_tip[:, None, None, None], tip[:, None], internal)
+from ._peeling import apply_transition, child_partials, level_loop, rescale
 
 
 def pre_order_partials(
@@ -49,9 +35,10 @@ def pre_order_partials(
 ):
     """Rescaled `q` of every internal node (rows as in `partials`) and the visitor's result.
 
-    `visit(accumulator, child [2W], s [2W, C, P, S], up [2W, C, P, S], inverse_norm [2W, P])`
-    is called once per step; `up = P_child^T s` (before rescaling) and
-    `inverse_norm` is `1/n` for real branches, zero for padding.
+    `visit(accumulator, children [W, 2], s, p, up, inverse_norm [W, P])` is
+    called once per step with `s`, the children's partials `p` and
+    `up = P_child^T s` (before rescaling), all `[W, 2, C, P, S]`;
+    `inverse_norm` is `1/n` for real nodes, zero for padding.
     """
     num_tips = schedule.num_tips
     sentinel_row = partials.shape[0] - 1
@@ -60,52 +47,51 @@ def pre_order_partials(
 
     def body(carry, nodes, children):
         q, accumulator = carry
-        parent = q[nodes - num_tips]
-        left = child_messages(children[:, 0], transition, partials, tip_codes, tip_table)
-        right = child_messages(children[:, 1], transition, partials, tip_codes, tip_table)
-        norm = jnp.sum(parent * left * right, axis=(1, 3))
+        parent = q[nodes - num_tips][:, None]
+        p = child_partials(children, partials, tip_codes, tip_table)
+        matrices = transition[children]
+        messages = apply_transition(matrices, p)
+        s = parent * messages[:, ::-1]  # each child's sibling message
+        norm = jnp.sum(s[:, 0] * messages[:, 0], axis=(1, 3))
         real = (nodes != schedule.sentinel)[:, None]
         inverse_norm = jnp.where(real, 1.0 / jnp.where(real, norm, 1.0), 0.0)
-        child = jnp.concatenate([children[:, 0], children[:, 1]])
-        s = jnp.concatenate([parent * right, parent * left])
-        up = apply_transition(jnp.swapaxes(transition[child], -1, -2), s)
+        up = apply_transition(jnp.swapaxes(matrices, -1, -2), s)
         if visit is not None:
-            accumulator = visit(accumulator, child, s, up, jnp.concatenate([inverse_norm, inverse_norm]))
-        rows = jnp.where(child < num_tips, sentinel_row, child - num_tips)
+            accumulator = visit(accumulator, children, s, p, up, inverse_norm)
+        rows = jnp.where(children < num_tips, sentinel_row, children - num_tips)
         return q.at[rows].set(rescale(up)[0]), accumulator
 
     return level_loop(schedule, body, (q, accumulator), reverse=True)
 
 
-def transition_cotangent_visitor(pattern_cotangent, partials, tip_codes, tip_table):
+def transition_cotangent_visitor(pattern_cotangent, tip_codes):
     """Accumulate `sum_c g_c d log L_c / d P_i` per branch, and `d / d p_tip` per tip and pattern."""
     num_tips = tip_codes.shape[0] - 1
 
-    def visit(accumulator, child, s, up, inverse_norm):
+    def visit(accumulator, children, s, p, up, inverse_norm):
         d_transition, d_tips = accumulator
         alpha = inverse_norm * pattern_cotangent
-        p = child_partials(child, partials, tip_codes, tip_table)
-        d_transition = d_transition.at[child].add(jnp.einsum("wcps,wp,wcpt->wcst", s, alpha, p))
-        tip = jnp.where(child < num_tips, child, num_tips)  # other children land on the spare row
-        d_tips = d_tips.at[tip].add(jnp.sum(up, axis=1) * alpha[..., None])
+        d_transition = d_transition.at[children].add(jnp.einsum("wkcps,wp,wkcpt->wkcst", s, alpha, p))
+        tip = jnp.where(children < num_tips, children, num_tips)  # other children land on the spare row
+        d_tips = d_tips.at[tip].add(jnp.sum(up, axis=2) * alpha[:, None, :, None])
         return d_transition, d_tips
 
     return visit
 
 
-def branch_derivative_visitor(first_matrices, second_matrices, pattern_weights, partials, tip_codes, tip_table):
+def branch_derivative_visitor(first_matrices, second_matrices, pattern_weights):
     """Accumulate `d log L / dt` and `d^2 log L / dt^2` per branch, from `dP/dt` and `d^2P/dt^2`.
 
     Per pattern, `d^2 log L_c/dt^2 = L_c''/L_c - (L_c'/L_c)^2`, with `L_c' = sum_r s^T P' p`.
     """
 
-    def visit(accumulator, child, s, up, inverse_norm):
+    def visit(accumulator, children, s, p, up, inverse_norm):
         first, second = accumulator
-        p = child_partials(child, partials, tip_codes, tip_table)
-        slope = jnp.sum(s * apply_transition(first_matrices[child], p), axis=(1, 3)) * inverse_norm
-        curve = jnp.sum(s * apply_transition(second_matrices[child], p), axis=(1, 3)) * inverse_norm
-        first = first.at[child].add(slope @ pattern_weights)
-        second = second.at[child].add((curve - slope * slope) @ pattern_weights)
+        inverse_norm = inverse_norm[:, None]
+        slope = jnp.sum(s * apply_transition(first_matrices[children], p), axis=(2, 4)) * inverse_norm
+        curve = jnp.sum(s * apply_transition(second_matrices[children], p), axis=(2, 4)) * inverse_norm
+        first = first.at[children].add(slope @ pattern_weights)
+        second = second.at[children].add((curve - slope * slope) @ pattern_weights)
         return first, second
 
     return visit
