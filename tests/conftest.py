@@ -1,3 +1,4 @@
+import itertools
 import os
 import shutil
 import subprocess
@@ -53,3 +54,24 @@ def write_fasta(alignment, path: Path) -> Path:
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)
+
+
+def internal_state_terms(alignment, tree, model):
+    """Yield `(state of every internal node, w_r * P(data, states | category r) per pattern)` for every
+    assignment of internal states and every category: brute force, independent of the peeling code."""
+    topo = tree.topology
+    transition = np.asarray(model.transition_matrices(tree.branch_lengths))
+    _, weights = (np.asarray(x) for x in model.rate_categories())
+    pi = np.asarray(model.frequencies)
+    patterns = alignment.site_patterns()
+    tips = patterns.tip_partials()[[patterns.taxa.index(t) for t in topo.taxa]]
+    internal = range(topo.num_tips, topo.num_nodes)
+    for c, w in enumerate(weights):
+        for states in itertools.product(range(len(pi)), repeat=len(internal)):
+            state = dict(zip(internal, states))
+            term = w * pi[state[topo.root]] * np.ones(patterns.num_patterns)
+            for node, up in enumerate(topo.parent):
+                if up >= 0:
+                    row = transition[node, c, state[up]]
+                    term = term * (tips[node] @ row if node < topo.num_tips else row[state[node]])
+            yield state, term

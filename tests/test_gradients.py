@@ -1,7 +1,5 @@
 """Gradients by the pre-order pass: finite differences, plain autodiff, jit/vmap, marginals, curvature."""
 
-import itertools
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -10,6 +8,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import jaxphylo as jp
+from conftest import internal_state_terms
 from jaxphylo.likelihood import _kernel, _peeling
 from jaxphylo.likelihood._api import kernel_arrays, pattern_data
 
@@ -148,24 +147,12 @@ def test_ancestral_marginals_match_brute_force(newick):
     marginals = np.asarray(jp.ancestral_marginals(alignment, tree, model))
     np.testing.assert_allclose(marginals.sum(axis=-1), 1.0, rtol=1e-12)
 
-    topo = tree.topology
-    transition = np.asarray(model.transition_matrices(tree.branch_lengths))
-    _, weights = (np.asarray(v) for v in model.rate_categories())
-    pi = np.asarray(model.frequencies)
     patterns = alignment.site_patterns()
-    tips = patterns.tip_partials()[[patterns.taxa.index(t) for t in topo.taxa]]
-    internal = list(range(topo.num_tips, topo.num_nodes))
+    internal = list(range(tree.num_tips, tree.topology.num_nodes))
     joint = np.zeros((len(internal), patterns.num_patterns, 4))
-    for c, w in enumerate(weights):
-        for states in itertools.product(range(4), repeat=len(internal)):
-            state = dict(zip(internal, states))
-            term = w * pi[state[topo.root]] * np.ones(patterns.num_patterns)
-            for node, up in enumerate(topo.parent):
-                if up >= 0:
-                    row = transition[node, c, state[up]]
-                    term = term * (tips[node] @ row if node < topo.num_tips else row[state[node]])
-            for k, node in enumerate(internal):
-                joint[k, :, state[node]] += term
+    for state, term in internal_state_terms(alignment, tree, model):
+        for k, node in enumerate(internal):
+            joint[k, :, state[node]] += term
     expected = (joint / joint.sum(axis=-1, keepdims=True))[:, patterns.site_pattern]
     np.testing.assert_allclose(marginals, expected, rtol=1e-10, atol=1e-14)
 

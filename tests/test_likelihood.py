@@ -1,6 +1,5 @@
 """Likelihood behaviour: brute force, models, schedules and compilation, rescaling."""
 
-import itertools
 
 import jax
 import jax.monitoring
@@ -10,31 +9,12 @@ import pytest
 import scipy.linalg
 
 import jaxphylo as jp
-from conftest import iqtree_log_likelihood, write_fasta
+from conftest import internal_state_terms, iqtree_log_likelihood, write_fasta
 
 
 def brute_force_log_likelihood(alignment, tree, model):
-    """Sum over every assignment of internal states: independent of the peeling code."""
-    topo = tree.topology
-    transition = np.asarray(model.transition_matrices(tree.branch_lengths))
-    rates, weights = (np.asarray(x) for x in model.rate_categories())
-    pi = np.asarray(model.frequencies)
-    partials = alignment.site_patterns()
-    tips = partials.tip_partials()[[partials.taxa.index(t) for t in topo.taxa]]
-    internal = range(topo.num_tips, topo.num_nodes)
-    total = np.zeros(partials.num_patterns)
-    s = len(pi)
-    for c, w in enumerate(weights):
-        for states in itertools.product(range(s), repeat=len(internal)):
-            state = dict(zip(internal, states))
-            term = pi[state[topo.root]] * np.ones(partials.num_patterns)
-            for node, up in enumerate(topo.parent):
-                if up < 0:
-                    continue
-                row = transition[node, c, state[up]]
-                term = term * (tips[node] @ row if node < topo.num_tips else row[state[node]])
-            total += w * term
-    return float(np.sum(partials.weights * np.log(total)))
+    total = sum(term for _, term in internal_state_terms(alignment, tree, model))
+    return float(np.sum(alignment.site_patterns().weights * np.log(total)))
 
 
 @pytest.mark.parametrize("newick", [

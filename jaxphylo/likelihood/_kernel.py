@@ -16,13 +16,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._schedule import Schedule
-from ._peeling import post_order_partials
+from ._peeling import log_likelihoods_from, post_order_partials, root_likelihoods
 from ._preorder import pre_order_partials, transition_cotangent_visitor
-
-
-def _root_likelihoods(partials, root_frequencies, category_weights, num_tips):
-    """`sum_r w_r pi^T p_root,r` per pattern, on the rescaled root partials."""
-    return jnp.einsum("c,s,cps->p", category_weights, root_frequencies, partials[num_tips - 2])
 
 
 @jax.custom_vjp
@@ -40,8 +35,7 @@ def pattern_log_likelihoods(
 
 def _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule):
     partials, log_scales = post_order_partials(transition, tip_codes, tip_table, schedule)
-    scaled = _root_likelihoods(partials, root_frequencies, category_weights, schedule.num_tips)
-    log_likelihoods = jnp.log(scaled) + jnp.sum(log_scales[:-1], axis=0)
+    log_likelihoods = log_likelihoods_from(partials, log_scales, root_frequencies, category_weights)
     return log_likelihoods, (transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, partials)
 
 
@@ -55,7 +49,7 @@ def _backward(residuals, pattern_cotangent):
         transition, root_frequencies, category_weights, partials, tip_codes, tip_table, schedule, visit, start
     )
     root = partials[num_tips - 2]
-    ratio = pattern_cotangent / _root_likelihoods(partials, root_frequencies, category_weights, num_tips)
+    ratio = pattern_cotangent / root_likelihoods(partials, root_frequencies, category_weights)
     d_root = jnp.einsum("p,c,cps->s", ratio, category_weights, root)
     d_weights = jnp.einsum("p,s,cps->c", ratio, root_frequencies, root)
     d_table = jax.ops.segment_sum(

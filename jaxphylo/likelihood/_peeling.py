@@ -112,6 +112,15 @@ def pattern_log_likelihoods(
 ) -> Float[Array, " patterns"]:
     """`log L_c` for every site pattern."""
     partials, log_scales = post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
-    root = partials[schedule.num_tips - 2]
-    scaled = jnp.einsum("c,s,cps->p", category_weights, root_frequencies, root)
+    return log_likelihoods_from(partials, log_scales, root_frequencies, category_weights)
+
+
+def root_likelihoods(partials, root_frequencies, category_weights) -> Float[Array, " patterns"]:
+    """`sum_r w_r pi^T p_root,r` per pattern, on the rescaled root partials (the row before the sentinel)."""
+    return jnp.einsum("c,s,cps->p", category_weights, root_frequencies, partials[-2])
+
+
+def log_likelihoods_from(partials, log_scales, root_frequencies, category_weights) -> Float[Array, " patterns"]:
+    """`log L_c`: the root sum plus every node's log scale factor."""
+    scaled = root_likelihoods(partials, root_frequencies, category_weights)
     return jnp.log(scaled) + jnp.sum(log_scales[:-1], axis=0)
