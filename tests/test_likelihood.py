@@ -1,6 +1,5 @@
 """Likelihood behaviour: brute force, models, schedules and compilation, rescaling."""
 
-
 import jax
 import jax.monitoring
 import jax.numpy as jnp
