@@ -11,6 +11,7 @@ jax.config.update("jax_enable_x64", True)
 from ._alignment import Alignment, SitePatterns  # noqa: E402
 from ._alphabet import DNA, PROTEIN, Alphabet, codon_alphabet  # noqa: E402
 from ._distances import distances  # noqa: E402
+from ._examples import example_paths  # noqa: E402
 from ._errors import InputError, JaxphyloError, ModelError  # noqa: E402
 from ._neighbor_joining import bionj, neighbor_joining  # noqa: E402
 from ._schedule import Schedule, build_schedule  # noqa: E402
@@ -21,7 +22,7 @@ from .likelihood import (  # noqa: E402
     ancestral_marginals, branch_length_derivatives, log_likelihood, pattern_log_likelihoods,
 )
 from .models import Model, parse_model  # noqa: E402
-from . import coevolution  # noqa: E402
+from . import coevolution, inference  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -31,5 +32,5 @@ __all__ = [
     "Topology", "Tree", "read_alignment", "read_tree", "parse_newick", "write_tree",
     "log_likelihood", "pattern_log_likelihoods", "ancestral_marginals",
     "branch_length_derivatives", "Model", "parse_model",
-    "simulate", "random_topology_tree", "distances", "neighbor_joining", "bionj", "coevolution",
+    "simulate", "random_topology_tree", "distances", "neighbor_joining", "bionj", "coevolution", "inference", "example_paths",
 ]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from importlib import resources
 
 from ._errors import JaxphyloError
 
 
 def _example_paths():
-    root = resources.files("jaxphylo").joinpath("examples")
-    return str(root.joinpath("example.fasta")), str(root.joinpath("example.nwk"))
+    from ._examples import example_paths
+
+    return example_paths()
 
 
 EXAMPLE_MODEL = "HKY{4.0}+F{0.3,0.2,0.2,0.3}+G4{0.5}"
@@ -40,6 +40,58 @@ def _loglik(args) -> None:
         print(f"# {alignment_path}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, "
               f"{patterns} patterns; model {model_string}; {args.precision}; {elapsed:.2f} s", file=sys.stderr)
     print(f"{value:.6f}")
+
+
+def _sample(args) -> None:
+    import hashlib
+    import os
+
+    if args.chains > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        import numpyro  # before JAX starts its CPU backend: one CPU device per chain
+
+        numpyro.set_host_device_count(min(args.chains, os.cpu_count() or 1))
+    import jaxphylo as jp
+    from jaxphylo.inference import Analysis, prepare
+    from jaxphylo.inference._outputs import write_outputs
+    from jaxphylo.inference._runner import progress_printer, run_nuts
+
+    if args.example:
+        alignment_path, tree_path = _example_paths()
+    elif not (args.alignment and args.tree):
+        raise JaxphyloError("sample needs ALIGNMENT TREE (or --example)")
+    else:
+        alignment_path, tree_path = args.alignment, args.tree
+    analysis = Analysis(model=args.model, clock=args.clock, tree_prior=args.tree_prior,
+                        branch_rate=args.branch_rate, priors=args.priors, precision=args.precision)
+    alignment = jp.read_alignment(alignment_path, data_type=args.data_type, genetic_code=args.genetic_code)
+    tree = jp.read_tree(tree_path)
+    heights, dates_digest = None, None
+    if args.dates or args.dates_in_names:
+        if not args.clock:
+            raise JaxphyloError("tip dates need a clock: add --clock strict or --clock relaxed")
+        dates = jp.io.read_dates(args.dates) if args.dates else jp.io.dates_from_names(tree.taxa)
+        heights = jp.io.tip_heights(dates, tree.taxa, args.dates or "taxon names")
+        dates_digest = hashlib.sha256(repr(sorted(dates.items())).encode()).hexdigest()[:16]
+    prepared = prepare(alignment, tree, analysis, heights)
+    settings = {"alignment": _digest(alignment_path), "tree": _digest(tree_path), "dates": dates_digest,
+                "analysis": analysis.as_dict()}
+    log = progress_printer()
+    draws = run_nuts(prepared.model, prepared.data, prepared.init, args.out, settings=settings,
+                     chains=args.chains, warmup=args.warmup, samples=args.samples, block=args.block,
+                     seed=args.seed, resume=args.resume, progress=not args.no_progress, log=log)
+    text = write_outputs(args.out, draws, prepared.tree.topology, prepared.time)
+    print(text)
+    log(f"# {args.out}: posterior.nc (ArviZ), chain*.log (Tracer), chain*.trees (NEXUS), summary.tsv, summary.png")
+
+
+def _digest(path) -> str:
+    import hashlib
+
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()[:16]
+    except OSError as err:
+        raise JaxphyloError(f"{path}: cannot read: {err.strerror}") from None
 
 
 def _distance(args) -> None:
@@ -119,6 +171,33 @@ def build_parser() -> argparse.ArgumentParser:
     loglik.add_argument("--example", action="store_true", help="use the built-in example data set")
     loglik.add_argument("--verbose", "-v", action="store_true", help="print data sizes and timing to stderr")
     loglik.set_defaults(run=_loglik)
+
+    sample = commands.add_parser("sample", help="Bayesian inference with NUTS on a fixed topology")
+    sample.add_argument("alignment", nargs="?", help="FASTA, PHYLIP or NEXUS alignment")
+    sample.add_argument("tree", nargs="?", help="Newick or NEXUS tree: the fixed topology and the starting values")
+    sample.add_argument("--model", "-m", default="HKY+G4", help="model string (default HKY+G4); values in braces are fixed")
+    sample.add_argument("--clock", choices=("strict", "relaxed"), default=None,
+                        help="a rooted time tree with this clock (default: unrooted tree, free branch lengths)")
+    sample.add_argument("--dates", help="TSV of taxon<TAB>decimal date (tip dates; needs --clock)")
+    sample.add_argument("--dates-in-names", action="store_true", help="dates at the end of taxon names, e.g. A_1999.5")
+    sample.add_argument("--tree-prior", help="unrooted: exponential (default), gamma-dirichlet; "
+                                             "time tree: coalescent (default), skygrid, yule, birth-death")
+    sample.add_argument("--branch-rate", type=float, default=10.0, help="rate of the exponential branch-length prior")
+    sample.add_argument("--priors", choices=("default", "mrbayes"), default="default",
+                        help="substitution-parameter priors (mrbayes: kappa/(1+kappa) ~ Beta(1,1))")
+    sample.add_argument("--chains", type=int, default=4)
+    sample.add_argument("--warmup", type=int, default=500)
+    sample.add_argument("--samples", type=int, default=1000, help="draws per chain after warmup")
+    sample.add_argument("--block", type=int, default=100, help="draws per chain between checkpoints")
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--out", "-o", default="jaxphylo-run", help="output directory (default jaxphylo-run)")
+    sample.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    sample.add_argument("--precision", choices=("float64", "float32"), default="float64")
+    sample.add_argument("--data-type", choices=("dna", "protein", "codon"), default=None)
+    sample.add_argument("--genetic-code", type=int, default=1)
+    sample.add_argument("--no-progress", action="store_true", help="no progress bars")
+    sample.add_argument("--example", action="store_true", help="the built-in example (16 taxa, 600 sites)")
+    sample.set_defaults(run=_sample)
 
     distance = commands.add_parser("distance", help="all-pairs distances, written as a PHYLIP matrix")
     distance.add_argument("alignment")

@@ -26,16 +26,24 @@ class PatternData(eqx.Module):
     weights: Float[Array, " patterns"]
 
 
-def pattern_data(alignment: Alignment, tree: Tree) -> PatternData:
-    """Match the alignment's taxa to the tree's tips and lay out the site patterns."""
+def pattern_data(alignment: Alignment, tree: Tree, compress: bool = True) -> PatternData:
+    """Match the alignment's taxa to the tree's tips and lay out the site patterns.
+
+    `compress=False` keeps one pattern per site, so that every alignment of a
+    given size has arrays of the same shape (one compiled program for all).
+    """
     _check_taxa(alignment, tree)
-    patterns = alignment.site_patterns()
-    row = {t: i for i, t in enumerate(patterns.taxa)}
+    if compress:
+        patterns = alignment.site_patterns()
+        codes, table, weights = patterns.codes, patterns.tip_table, patterns.weights
+    else:
+        codes, table, _ = alignment.encoded()
+        weights = np.ones(codes.shape[1])
+    row = {t: i for i, t in enumerate(alignment.taxa)}
     order = np.array([row[t] for t in tree.taxa])
-    missing_code = patterns.tip_table.shape[0]
-    codes = np.vstack([patterns.codes[order], np.full((1, patterns.num_patterns), missing_code)])
-    table = np.vstack([patterns.tip_table, np.ones((1, patterns.tip_table.shape[1]))])
-    return PatternData(codes.astype(np.int32), table, patterns.weights)
+    codes = np.vstack([codes[order], np.full((1, codes.shape[1]), table.shape[0])])
+    table = np.vstack([table, np.ones((1, table.shape[1]))])
+    return PatternData(codes.astype(np.int32), table, weights)
 
 
 def _check_taxa(alignment: Alignment, tree: Tree) -> None:
@@ -116,6 +124,19 @@ def _check_options(precision: str, method: str) -> None:
         raise ModelError(f"precision must be 'float64' or 'float32', not {precision!r}")
     if method not in METHODS:
         raise ModelError(f"method must be 'preorder' or 'autodiff', not {method!r}")
+
+
+def data_log_likelihood(data: PatternData, tree: Tree, model: Model, *, precision: str = "float64") -> Float[Array, ""]:
+    """`log L` of pattern data already laid out for `tree` by `pattern_data` (a pytree, so it may be a jit argument)."""
+    _check_options(precision, "preorder")
+    states = jax.eval_shape(lambda: model.frequencies).shape[-1]
+    if data.tip_codes.shape[0] != tree.num_tips + 1 or data.tip_table.shape[-1] != states:
+        raise InputError(f"pattern data for {data.tip_codes.shape[0] - 1} tips and {data.tip_table.shape[-1]} states "
+                         f"do not fit a tree of {tree.num_tips} tips and a model of {states} states")
+    dtype = PRECISIONS[precision]
+    schedule = schedule_for(tree, model, data, dtype)
+    per_pattern = _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, dtype)
+    return jnp.sum(data.weights * per_pattern)
 
 
 def pattern_log_likelihoods(

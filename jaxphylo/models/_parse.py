@@ -28,7 +28,7 @@ _ALIASES = {
     "LG": "LG", "WAG": "WAG", "JTT": "JTT", "GY": "GY94", "GY94": "GY94",
 }
 _NUMBER_OF_VALUES = {"JC69": (0,), "F81": (0,), "K80": (1,), "HKY85": (1,), "TN93": (2,), "GTR": (5, 6), "GY94": (2,)}
-_EQUAL_FREQUENCY_MODELS = {"JC69", "K80"}
+_EQUAL_FREQUENCY_MODELS = ("JC69", "K80")
 _TERM = re.compile(r"^([A-Za-z][A-Za-z0-9]*?)(\d*)(?:\{([^{}]*)\})?$")
 _BASE = re.compile(r"^([A-Za-z][A-Za-z0-9]*)()(?:\{([^{}]*)\})?$")
 
@@ -39,7 +39,7 @@ def parse_model(string: str, alignment: Alignment | None = None, genetic_code: i
     Substitution models: JC69, F81, K80 (K2P), HKY85, TN93, GTR; LG, WAG, JTT;
     GY94 (codons; values `kappa`, `omega`, named or in that order).
     Terms: `+F{...}` fixed frequencies, `+F` empirical (from `alignment`),
-    `+FQ` equal, `+F1X4`/`+F3X4` for codons (`+F` is F61 there); `+G[k]{shape}`,
+    `+FQ` equal, `+FO` estimated (empirical start), `+F1X4`/`+F3X4` for codons (`+F` is F61 there); `+G[k]{shape}`,
     `+I{proportion}`, `+R k{w1,r1,...,wk,rk}`.
     Nucleotide and codon frequencies default to empirical when `alignment` is
     given, else to equal; amino-acid models default to their own. The genetic
@@ -66,6 +66,33 @@ def parse_model(string: str, alignment: Alignment | None = None, genetic_code: i
     pi = _frequencies(key, alphabet, frequency_term, alignment, string)
     substitution = _substitution(key, base_values, pi, alphabet, string)
     return Model(substitution, _rate_variation(rate_terms, string))
+
+
+def estimated_parameters(string: str) -> frozenset[str]:
+    """The parts of the model that `string` leaves free, for inference.
+
+    Among `exchangeabilities` (kappa, GTR rates, omega...), `frequencies`,
+    `gamma_shape`, `proportion_invariant` and `free_rates`. Values in braces
+    fix a part; so do `+F` (empirical counts, as in IQ-TREE), `+FQ`, `+F1X4`,
+    `+F3X4` and the built-in frequencies of JC69, K80 and amino-acid models.
+    Frequencies are free with no frequency term or with `+FO`. Call it on a
+    string that `parse_model` accepts.
+    """
+    terms = _split(string)
+    base_name, _, base_values = _parse_term(terms[0], string, _BASE)
+    key = _ALIASES[base_name.upper()]
+    free = set()
+    if key not in ("JC69", "F81") + EMPIRICAL_MODELS and base_values is None:
+        free.add("exchangeabilities")
+    frequency = [t for t in terms[1:] if t[:1].upper() == "F"]
+    if (not frequency and key not in _EQUAL_FREQUENCY_MODELS + EMPIRICAL_MODELS) or \
+            (frequency and frequency[0].upper() == "FO"):
+        free.add("frequencies")
+    for term in terms[1:]:
+        name, _, values = _parse_term(term, string)
+        if values is None and name.upper() in ("G", "I", "R"):
+            free.add({"G": "gamma_shape", "I": "proportion_invariant", "R": "free_rates"}[name.upper()])
+    return frozenset(free)
 
 
 def _split(string):
@@ -187,6 +214,10 @@ def _frequencies(key, alphabet, term, alignment, string):
         return jnp.asarray(pi / pi.sum())
     if name == "FQ":
         return jnp.full(n, 1.0 / n)
+    if name == "FO":  # estimated (by inference); starts from the empirical counts
+        name = "F" if alignment is not None else "FQ"
+        if name == "FQ":
+            return jnp.full(n, 1.0 / n)
     codon_methods = {"F": "F61", "F1X4": "F1X4", "F3X4": "F3X4"}
     if name not in ("F",) + (tuple(codon_methods) if key == "GY94" else ()):
         raise ModelError(f"model {string!r}: unsupported frequency term '+{name}'")

@@ -1,0 +1,220 @@
+"""Ready-made NumPyro models on a fixed topology: the analyses the command line runs.
+
+Unrooted (no clock): branch lengths in substitutions per site, i.i.d.
+Exponential(`branch_rate`) or Gamma–Dirichlet.
+
+Time trees (`clock="strict"` or `"relaxed"`): node heights under a tree prior
+(`coalescent`, `skygrid`, `yule`, `birth-death`), reached through the ratio
+transform; branch lengths are `rate x duration`. With tip dates the mean clock
+rate gets the CTMC reference prior Gamma(1/2, tree length in time) (Ferreira &
+Suchard 2008, BEAST's default); without them heights are in substitutions and
+the mean rate is 1. The relaxed clock is uncorrelated lognormal: branch rates
+`m exp(s z - s^2 / 2)`, `z ~ N(0, 1)` (non-centred, so NUTS sees no funnel),
+`s ~ Exponential(3)` (mean 1/3, BEAST's default). Scale hyperparameters
+(population size, birth rate) get the 1/x prior.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro.distributions import constraints
+
+from .._alignment import Alignment
+from .._distances import distances
+from .._errors import ModelError
+from .._tree import Tree
+from ..io import to_dendropy
+from ..io._tree_files import _from_dendropy
+from ..likelihood import pattern_data
+from ..models import estimated_parameters, parse_model
+from ._distribution import PhyloCTMC
+from ._model_priors import MRBAYES_PRIORS, initial_values, sample_model
+from ._time_tree import TimeTree, branch_durations, heights_from_tree, time_tree
+from ._tree_priors import BirthDeath, ConstantCoalescent, GammaDirichlet, Skygrid, Yule
+
+CLOCKS = (None, "strict", "relaxed")
+UNROOTED_PRIORS = ("exponential", "gamma-dirichlet")
+TIME_PRIORS = ("coalescent", "skygrid", "yule", "birth-death")
+PRIOR_SETS = {"default": {}, "mrbayes": MRBAYES_PRIORS}
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The choices that define an analysis (saved with a run, and compared on `--resume`)."""
+
+    model: str = "HKY+G4"
+    clock: str | None = None
+    tree_prior: str | None = None  # default: exponential (unrooted) or coalescent (time tree)
+    branch_rate: float = 10.0  # rate of the exponential branch-length prior (MrBayes's default)
+    gamma_dirichlet: tuple[float, float, float] = (1.0, 0.1, 1.0)
+    priors: str = "default"
+    skygrid_intervals: int = 10
+    skygrid_cutoff: float | None = None  # default: 1.2 x the starting tree's root height
+    precision: str = "float64"
+
+    def __post_init__(self):
+        if self.clock not in CLOCKS:
+            raise ModelError(f"clock must be 'strict' or 'relaxed', not {self.clock!r}")
+        allowed = TIME_PRIORS if self.clock else UNROOTED_PRIORS
+        if self.tree_prior is not None and self.tree_prior not in allowed:
+            kind = "a time tree (--clock)" if self.clock else "an unrooted tree (no --clock)"
+            raise ModelError(f"tree prior {self.tree_prior!r} does not apply to {kind}; choose from {', '.join(allowed)}")
+        if self.priors not in PRIOR_SETS:
+            raise ModelError(f"prior set must be one of {', '.join(PRIOR_SETS)}, not {self.priors!r}")
+        if not self.branch_rate > 0:
+            raise ModelError(f"the branch-length prior's rate must be positive, got {self.branch_rate}")
+
+    @property
+    def resolved_tree_prior(self) -> str:
+        return self.tree_prior or ("coalescent" if self.clock else "exponential")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Prepared:
+    """A NumPyro model `model(data)`, its data, a start, and what the outputs need."""
+
+    model: callable
+    data: object
+    init: dict
+    tree: Tree
+    time: TimeTree | None
+    dated: bool
+
+
+def unrooted(tree: Tree) -> Tree:
+    """The same tree with a bifurcating root removed (its two branches joined)."""
+    if not tree.topology.rooted:
+        return tree
+    dtree = to_dendropy(tree)
+    dtree.collapse_basal_bifurcation()
+    dtree.is_rooted = False
+    return _from_dendropy(dtree, "<tree>", None)
+
+
+def prepare(alignment: Alignment, tree: Tree, analysis: Analysis, tip_heights=None) -> Prepared:
+    """Build the NumPyro model of `analysis` for `alignment` on the topology of `tree`."""
+    model = parse_model(analysis.model, alignment=alignment)
+    estimated = estimated_parameters(analysis.model)
+    priors = PRIOR_SETS[analysis.priors]
+    init = initial_values(model, estimated)
+    if analysis.clock is None:
+        tree = unrooted(tree)
+        data = pattern_data(alignment, tree)
+        build = _unrooted_model(tree, model, estimated, priors, analysis)
+        lengths = np.asarray(tree.branch_lengths[:-1], float)
+        init["branch_lengths"] = jnp.asarray(np.clip(lengths, 1e-4, None))
+        return Prepared(build, data, init, tree, None, False)
+    time = time_tree(tree.topology, tip_heights)
+    data = pattern_data(alignment, tree)
+    heights = heights_from_tree(tree, time)
+    dated = not time.contemporaneous
+    rate = _rate_guess(alignment, time, heights) if dated else 1.0
+    init.update(_time_tree_start(analysis, time, heights, rate))
+    cutoff = analysis.skygrid_cutoff or 1.2 * float(heights[-1])
+    build = _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff)
+    return Prepared(build, data, init, tree, time, dated)
+
+
+def _unrooted_model(tree, model, estimated, priors, analysis):
+    num_branches = tree.topology.num_nodes - 1
+    if analysis.resolved_tree_prior == "exponential":
+        branch_prior = dist.Exponential(analysis.branch_rate).expand([num_branches]).to_event(1)
+    else:
+        branch_prior = GammaDirichlet(num_branches, *analysis.gamma_dirichlet)
+
+    def unrooted_tree_model(data):
+        lengths = numpyro.sample("branch_lengths", branch_prior)
+        numpyro.deterministic("tree_length", jnp.sum(lengths))
+        substitution = sample_model(model, estimated, priors)
+        phylogeny = tree.with_branch_lengths(jnp.append(lengths, 0.0))
+        numpyro.sample("alignment", PhyloCTMC(phylogeny, substitution, precision=analysis.precision), obs=data)
+
+    return unrooted_tree_model
+
+
+def _improper_positive(name):
+    """A scale parameter with the 1/x prior."""
+    value = numpyro.sample(name, dist.ImproperUniform(constraints.positive, (), ()))
+    numpyro.factor(f"{name}_prior", -jnp.log(value))
+    return value
+
+
+def _tree_prior(analysis, time, cutoff):
+    kind = analysis.resolved_tree_prior
+    if kind == "coalescent":
+        return ConstantCoalescent(time, _improper_positive("population_size"))
+    if kind == "yule":
+        return Yule(time, _improper_positive("birth_rate"))
+    if kind == "birth-death":
+        net = _improper_positive("net_diversification")
+        turnover = numpyro.sample("turnover", dist.Uniform(0.0, 1.0))
+        return BirthDeath(time, net / (1 - turnover), net * turnover / (1 - turnover))
+    k = analysis.skygrid_intervals
+    first = numpyro.sample("skygrid_first", dist.ImproperUniform(constraints.real, (), ()))
+    precision = numpyro.sample("skygrid_precision", dist.Gamma(0.001, 0.001))
+    steps = numpyro.sample("skygrid_steps", dist.Normal(0.0, 1.0).expand([k - 1]).to_event(1))
+    sizes = first + jnp.concatenate([jnp.zeros(1), jnp.cumsum(steps)]) / jnp.sqrt(precision)
+    numpyro.deterministic("log_population_sizes", sizes)
+    return Skygrid(time, sizes, cutoff)
+
+
+def _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff):
+    num_branches = time.topology.num_nodes - 1
+
+    def time_tree_model(data):
+        heights = numpyro.sample("node_heights", _tree_prior(analysis, time, cutoff))
+        durations = branch_durations(time, heights)[:-1]
+        if dated:
+            rate = numpyro.sample("clock_rate", dist.Gamma(0.5, jnp.sum(durations)))
+        else:
+            rate = 1.0
+        if analysis.clock == "relaxed":
+            spread = numpyro.sample("rate_spread", dist.Exponential(3.0))
+            z = numpyro.sample("rate_z", dist.Normal(0.0, 1.0).expand([num_branches]).to_event(1))
+            rate = numpyro.deterministic("branch_rates", rate * jnp.exp(spread * z - spread**2 / 2))
+        lengths = numpyro.deterministic("branch_lengths", rate * durations)
+        numpyro.deterministic("tree_length", jnp.sum(lengths))
+        numpyro.deterministic("root_height", heights[-1])
+        substitution = sample_model(model, estimated, priors)
+        phylogeny = Tree(jnp.append(lengths, 0.0), time.topology)
+        numpyro.sample("alignment", PhyloCTMC(phylogeny, substitution, precision=analysis.precision), obs=data)
+
+    return time_tree_model
+
+
+def _rate_guess(alignment, time, heights):
+    """Mean JC69 distance over twice the mean time back to the root: a start for the clock rate."""
+    d = distances(alignment, "jc69" if alignment.alphabet.num_states == 4 else None, saturated=3.0)
+    mean_distance = float(np.mean(d[np.triu_indices(len(d), 1)]))
+    mean_depth = float(heights[-1] - np.mean(time.tip_heights))
+    return max(mean_distance / (2 * mean_depth), 1e-12)
+
+
+def _time_tree_start(analysis, time, heights, rate):
+    root = float(heights[-1])
+    n = time.num_tips
+    start = {"node_heights": jnp.asarray(heights)}
+    if not time.contemporaneous:
+        start["clock_rate"] = jnp.asarray(rate)
+    kind = analysis.resolved_tree_prior
+    if kind == "coalescent":
+        start["population_size"] = jnp.asarray(root / 2)
+    elif kind == "yule":
+        start["birth_rate"] = jnp.asarray(np.log(n) / root)
+    elif kind == "birth-death":
+        start.update(net_diversification=jnp.asarray(np.log(n) / root), turnover=jnp.asarray(0.5))
+    else:
+        k = analysis.skygrid_intervals
+        start.update(skygrid_first=jnp.asarray(np.log(root / 2)), skygrid_precision=jnp.asarray(1.0),
+                     skygrid_steps=jnp.zeros(k - 1))
+    if analysis.clock == "relaxed":
+        start.update(rate_spread=jnp.asarray(0.1), rate_z=jnp.zeros(time.topology.num_nodes - 1))
+    return start

@@ -1,0 +1,121 @@
+"""Priors on substitution-model parameters, chosen by what the model string leaves free.
+
+Defaults (override any by name with `priors={"kappa": dist.LogNormal(0, 1)}`):
+
+| site | prior |
+|---|---|
+| `frequencies` | Dirichlet(1, ..., 1) |
+| `gtr_rates` | Dirichlet(1, ..., 1) on the six exchangeabilities (scaled to mean 1) |
+| `kappa`, `kappa_purine`, `kappa_pyrimidine` | LogNormal(1, 1.25) (BEAST's default) |
+| `omega` | LogNormal(0, 1) |
+| `gamma_shape` | Exponential(1) (MrBayes's default) |
+| `proportion_invariant` | Uniform(0, 1) |
+| `free_rate_weights`, `free_rates` | Dirichlet(1, ..., 1) each |
+
+`MRBAYES_PRIORS` replaces kappa's prior with MrBayes's `tratiopr=beta(1,1)`
+(a Beta(1,1) on kappa / (1 + kappa)).
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
+from numpyro.distributions.transforms import ExpTransform, SigmoidTransform
+
+from ..models import GTR, GY94, HKY85, TN93, DiscreteGamma, FreeRates, InvariantSites, Model
+
+
+def default_priors(k: int = 4) -> dict:
+    return {
+        "frequencies": lambda n: dist.Dirichlet(jnp.ones(n)),
+        "gtr_rates": dist.Dirichlet(jnp.ones(6)),
+        "kappa": dist.LogNormal(1.0, 1.25),
+        "kappa_purine": dist.LogNormal(1.0, 1.25),
+        "kappa_pyrimidine": dist.LogNormal(1.0, 1.25),
+        "omega": dist.LogNormal(0.0, 1.0),
+        "gamma_shape": dist.Exponential(1.0),
+        "proportion_invariant": dist.Uniform(0.0, 1.0),
+        "free_rate_weights": lambda n: dist.Dirichlet(jnp.ones(n)),
+        "free_rates": lambda n: dist.Dirichlet(jnp.ones(n)),
+    }
+
+
+MRBAYES_PRIORS = {
+    "kappa": dist.TransformedDistribution(dist.Beta(1.0, 1.0), [SigmoidTransform().inv, ExpTransform()]),
+}
+
+
+def _prior(priors, name, size=None):
+    chosen = priors.get(name, default_priors()[name])
+    return chosen(size) if callable(chosen) and not isinstance(chosen, dist.Distribution) else chosen
+
+
+def sample_model(model: Model, estimated: frozenset[str], priors: dict | None = None) -> Model:
+    """`model` with every estimated parameter replaced by a NumPyro sample site.
+
+    `estimated` comes from `jp.models.estimated_parameters(model_string)`.
+    """
+    priors = priors or {}
+    sub, rates = model.substitution, model.rate_variation
+    if "frequencies" in estimated:
+        n = sub.frequencies.shape[-1]
+        sub = eqx.tree_at(lambda s: s.frequencies, sub, numpyro.sample("frequencies", _prior(priors, "frequencies", n)))
+    if "exchangeabilities" in estimated:
+        sub = _sample_exchangeabilities(sub, priors)
+    if "proportion_invariant" in estimated and isinstance(rates, InvariantSites):
+        p = numpyro.sample("proportion_invariant", _prior(priors, "proportion_invariant"))
+        rates = eqx.tree_at(lambda r: r.proportion_invariant, rates, p)
+    base_path = (lambda r: r.base) if isinstance(rates, InvariantSites) else (lambda r: r)
+    base = base_path(rates)
+    if "gamma_shape" in estimated and isinstance(base, DiscreteGamma):
+        base = eqx.tree_at(lambda g: g.shape, base, numpyro.sample("gamma_shape", _prior(priors, "gamma_shape")))
+    if "free_rates" in estimated and isinstance(base, FreeRates):
+        k = base.weights.shape[-1]
+        weights = numpyro.sample("free_rate_weights", _prior(priors, "free_rate_weights", k))
+        base = FreeRates(weights, numpyro.sample("free_rates", _prior(priors, "free_rates", k)))
+    rates = base if base_path(rates) is rates else eqx.tree_at(base_path, rates, base)
+    return Model(sub, rates)
+
+
+def _sample_exchangeabilities(sub, priors):
+    if isinstance(sub, GTR):
+        return eqx.tree_at(lambda s: s.rates, sub, 6.0 * numpyro.sample("gtr_rates", _prior(priors, "gtr_rates")))
+    if isinstance(sub, HKY85):
+        return eqx.tree_at(lambda s: s.kappa, sub, numpyro.sample("kappa", _prior(priors, "kappa")))
+    if isinstance(sub, TN93):
+        purine = numpyro.sample("kappa_purine", _prior(priors, "kappa_purine"))
+        pyrimidine = numpyro.sample("kappa_pyrimidine", _prior(priors, "kappa_pyrimidine"))
+        return eqx.tree_at(lambda s: (s.kappa_purine, s.kappa_pyrimidine), sub, (purine, pyrimidine))
+    if isinstance(sub, GY94):
+        kappa = numpyro.sample("kappa", _prior(priors, "kappa"))
+        omega = numpyro.sample("omega", _prior(priors, "omega"))
+        return eqx.tree_at(lambda s: (s.kappa, s.omega), sub, (kappa, omega))
+    return sub
+
+
+def initial_values(model: Model, estimated: frozenset[str]) -> dict:
+    """The parsed model's values of the estimated sites: a start for the sampler."""
+    values = {}
+    sub, rates = model.substitution, model.rate_variation
+    base = rates.base if isinstance(rates, InvariantSites) else rates
+    if "frequencies" in estimated:
+        values["frequencies"] = jnp.clip(sub.frequencies, 1e-3) / jnp.sum(jnp.clip(sub.frequencies, 1e-3))
+    if "exchangeabilities" in estimated:
+        if isinstance(sub, GTR):
+            values["gtr_rates"] = sub.rates / jnp.sum(sub.rates)
+        elif isinstance(sub, TN93):
+            values.update(kappa_purine=sub.kappa_purine, kappa_pyrimidine=sub.kappa_pyrimidine)
+        elif isinstance(sub, (HKY85, GY94)):
+            values["kappa"] = sub.kappa
+        if isinstance(sub, GY94):
+            values["omega"] = jnp.maximum(sub.omega, 1e-3)
+    if "proportion_invariant" in estimated and isinstance(rates, InvariantSites):
+        values["proportion_invariant"] = rates.proportion_invariant
+    if "gamma_shape" in estimated and isinstance(base, DiscreteGamma):
+        values["gamma_shape"] = base.shape
+    if "free_rates" in estimated and isinstance(base, FreeRates):
+        values["free_rate_weights"] = base.weights / jnp.sum(base.weights)
+        values["free_rates"] = base.rates / jnp.sum(base.rates)
+    return values

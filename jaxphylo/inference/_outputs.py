@@ -1,0 +1,223 @@
+"""What a run leaves behind: ArviZ data, Tracer logs, NEXUS trees, a summary table and a plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from numpyro.diagnostics import summary as numpyro_summary
+
+from .._tree import Topology
+from ._runner import Draws
+from ._time_tree import TimeTree
+
+HIDDEN = ("rate_z", "skygrid_steps")  # standard-normal auxiliaries of non-centred parameterisations
+
+
+def _columns(samples: dict) -> list[tuple[str, np.ndarray]]:
+    """Scalar columns `[chains, draws]`: vectors become `name.1`, `name.2`, ... (Tracer's convention)."""
+    columns = []
+    for name, values in samples.items():
+        if name in HIDDEN:
+            continue
+        if values.ndim == 2:
+            columns.append((name, values))
+        else:
+            flat = values.reshape(values.shape[:2] + (-1,))
+            columns += [(f"{name}.{i + 1}", flat[..., i]) for i in range(flat.shape[-1])]
+    return columns
+
+
+def write_tracer_logs(out: Path, draws: Draws) -> list[Path]:
+    """One tab-separated log per chain, as BEAST writes them: Tracer opens them as they are."""
+    columns = [("posterior", draws.stats["posterior"]), ("likelihood", draws.stats["likelihood"]),
+               ("prior", draws.stats["prior"])] + _columns(draws.samples)
+    paths = []
+    for chain in range(draws.num_draws and columns[0][1].shape[0]):
+        path = out / f"chain{chain + 1}.log"
+        table = np.column_stack([np.arange(draws.num_draws)] + [v[chain] for _, v in columns])
+        header = "state\t" + "\t".join(name for name, _ in columns)
+        np.savetxt(path, table, delimiter="\t", header=header, comments="", fmt=["%d"] + ["%.10g"] * len(columns))
+        paths.append(path)
+    return paths
+
+
+def _newick(topology: Topology, lengths: np.ndarray, notes: list[str]) -> str:
+    """Newick with tips as translate numbers (1-based) and `[&...]` notes on every branch."""
+    children = topology.children
+    text = [""] * topology.num_nodes
+    for node in range(topology.num_nodes):  # children precede parents
+        label = str(node + 1) if node < topology.num_tips else "(" + ",".join(text[c] for c in children[node]) + ")"
+        if node == topology.root:
+            text[node] = label
+        else:
+            text[node] = f"{label}{notes[node]}:{lengths[node]:.10g}"
+    return text[topology.root] + ";"
+
+
+def write_trees(out: Path, draws: Draws, topology: Topology, time: TimeTree | None) -> list[Path]:
+    """A NEXUS trees file per chain. Time trees carry branch lengths in time and `[&rate=...]`
+    on every branch (FigTree and TreeAnnotator read both); unrooted trees carry substitutions."""
+    paths = []
+    chains = draws.stats["posterior"].shape[0]
+    translate = ",\n".join(f"\t\t{i + 1} '{name}'" for i, name in enumerate(topology.taxa))
+    rooted = "[&R]" if time is not None else "[&U]"
+    for chain in range(chains):
+        lines = ["#NEXUS", "", "Begin trees;", "\tTranslate", translate, "\t\t;"]
+        for draw in range(draws.num_draws):
+            lengths, notes = _branch_values(draws, chain, draw, topology, time)
+            lines.append(f"tree STATE_{draw} = {rooted} {_newick(topology, lengths, notes)}")
+        lines.append("End;")
+        path = out / f"chain{chain + 1}.trees"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths
+
+
+def _branch_values(draws, chain, draw, topology, time):
+    n = topology.num_nodes
+    substitutions = np.append(draws.samples["branch_lengths"][chain, draw], 0.0)
+    if time is None:
+        return substitutions, [""] * n
+    heights = np.concatenate([time.tip_heights, draws.samples["node_heights"][chain, draw]])
+    parent = topology.parent_array
+    durations = np.append(heights[parent[:-1]] - heights[:-1], 0.0)
+    rates = substitutions / np.where(durations > 0, durations, np.inf)
+    return durations, [f"[&rate={r:.8g}]" for r in rates]
+
+
+def summary_table(draws: Draws, prob: float = 0.95) -> list[dict]:
+    """Mean, sd, HPD interval, bulk ESS and split R-hat of every column."""
+    columns = [("likelihood", draws.stats["likelihood"])] + _columns(draws.samples)
+    stats = numpyro_summary({name: values for name, values in columns}, prob=prob, group_by_chain=True)
+    low, high = f"{100 * (1 - prob) / 2:.1f}%", f"{100 * (1 + prob) / 2:.1f}%"
+    return [{"name": name, "mean": s["mean"], "sd": s["std"], "hpd_low": s[low], "hpd_high": s[high],
+             "ess": s["n_eff"], "r_hat": s["r_hat"]} for name, s in stats.items()]
+
+
+def write_summary(out: Path, rows: list[dict]) -> str:
+    """`summary.tsv`, and the text printed: every scalar plus one line per vector (its worst ESS and R-hat)."""
+    keys = ["name", "mean", "sd", "hpd_low", "hpd_high", "ess", "r_hat"]
+    with open(out / "summary.tsv", "w") as handle:
+        handle.write("\t".join(keys) + "\n")
+        for row in rows:
+            handle.write("\t".join([row["name"]] + [f"{float(row[k]):.6g}" for k in keys[1:]]) + "\n")
+    lines = [f"{'parameter':<24}{'mean':>12}{'sd':>11}{'95% HPD':>25}{'ESS':>9}{'R-hat':>7}"]
+    vectors: dict[str, list[dict]] = {}
+    for row in rows:
+        base, dot, index = row["name"].rpartition(".")
+        if dot and index.isdigit():
+            vectors.setdefault(base, []).append(row)
+            continue
+        lines.append(f"{row['name']:<24}{row['mean']:>12.5g}{row['sd']:>11.4g}"
+                     f"   [{row['hpd_low']:>10.4g}, {row['hpd_high']:>10.4g}]{row['ess']:>9.0f}{row['r_hat']:>7.3f}")
+    for base, members in vectors.items():
+        ess = min(r["ess"] for r in members)
+        r_hat = max(r["r_hat"] for r in members)
+        lines.append(f"{base + f' ({len(members)})':<24}{'':>12}{'':>11}{'(see summary.tsv)':>25}"
+                     f"{ess:>9.0f}{r_hat:>7.3f}")
+    return "\n".join(lines)
+
+
+def write_inference_data(out: Path, draws: Draws) -> Path:
+    """ArviZ InferenceData as NetCDF: posterior, sample stats and the log-likelihood."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # ArviZ announces its 1.0 refactor on import
+        import arviz as az
+
+    stats = {"lp": draws.stats["posterior"], "diverging": draws.stats["diverging"].astype(bool),
+             "n_steps": draws.stats["num_steps"], "acceptance_rate": draws.stats["accept_prob"]}
+    data = az.from_dict(posterior=dict(draws.samples), sample_stats=stats,
+                        log_likelihood={"alignment": draws.stats["likelihood"]})
+    path = out / "posterior.nc"
+    data.to_netcdf(str(path))
+    return path
+
+
+def plot_run(out: Path, draws: Draws, topology: Topology, time: TimeTree | None) -> Path:
+    """The tree at posterior means with 95% intervals on every branch (node heights for time
+    trees), beside the traces of the log-likelihood and the tree length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure = plt.figure(figsize=(12, 7))
+    tree_axis = figure.add_subplot(1, 2, 1)
+    _draw_tree(tree_axis, draws, topology, time)
+    for row, (name, values) in enumerate([("log-likelihood", draws.stats["likelihood"]),
+                                          ("tree length", draws.samples["tree_length"])]):
+        axis = figure.add_subplot(2, 2, 2 * row + 2)
+        for chain, trace in enumerate(values):
+            axis.plot(trace, lw=0.6, label=f"chain {chain + 1}")
+        axis.set_ylabel(name)
+        axis.set_xlabel("draw")
+    figure.axes[-2].legend(fontsize=7, loc="best")
+    figure.tight_layout()
+    path = out / "summary.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _draw_tree(axis, draws, topology, time):
+    n, m = topology.num_tips, topology.num_nodes
+    parent = topology.parent_array
+    y = np.zeros(m)
+    y[:n] = np.arange(n)
+    order = _tip_order(topology)
+    y[order] = np.arange(n)
+    for node in range(n, m):
+        y[node] = np.mean(y[list(topology.children[node])])
+    if time is None:
+        lengths = draws.samples["branch_lengths"].reshape(-1, m - 1)
+        mean = np.append(lengths.mean(0), 0.0)
+        low, high = np.percentile(lengths, [2.5, 97.5], axis=0)
+        x = np.zeros(m)
+        for node in range(m - 2, -1, -1):  # root-first
+            x[node] = x[parent[node]] + mean[node]
+        for node in range(m - 1):
+            axis.plot([x[parent[node]], x[node]], [y[node], y[node]], color="k", lw=1)
+            axis.plot([x[parent[node]] + low[node], x[parent[node]] + high[node]], [y[node]] * 2,
+                      color="tab:blue", lw=4, alpha=0.35, solid_capstyle="butt")
+        axis.set_xlabel("substitutions per site (bars: 95% interval of each branch length)")
+    else:
+        heights = draws.samples["node_heights"].reshape(-1, m - n)
+        x = -np.concatenate([time.tip_heights, heights.mean(0)])
+        low, high = np.percentile(heights, [2.5, 97.5], axis=0)
+        for node in range(m - 1):
+            axis.plot([x[parent[node]], x[node]], [y[node], y[node]], color="k", lw=1)
+        for k in range(m - n):
+            axis.plot([-high[k], -low[k]], [y[n + k]] * 2, color="tab:blue", lw=4, alpha=0.35, solid_capstyle="butt")
+        axis.set_xlabel("time before the latest tip (bars: 95% interval of node heights)")
+    for node in range(n, m):
+        kids = list(topology.children[node])
+        axis.plot([x[node]] * 2, [y[kids].min(), y[kids].max()], color="k", lw=1)
+    for tip in range(n):
+        axis.text(x[tip], y[tip], " " + topology.taxa[tip], va="center", fontsize=7)
+    axis.set_yticks([])
+    for side in ("left", "right", "top"):
+        axis.spines[side].set_visible(False)
+
+
+def _tip_order(topology):
+    order, stack = [], [topology.root]
+    while stack:
+        node = stack.pop()
+        if node < topology.num_tips:
+            order.append(node)
+        else:
+            stack.extend(reversed(topology.children[node]))
+    return np.array(order)
+
+
+def write_outputs(out, draws: Draws, topology: Topology, time: TimeTree | None) -> str:
+    """Every output file of a run; returns the printed summary."""
+    out = Path(out)
+    write_tracer_logs(out, draws)
+    write_trees(out, draws, topology, time)
+    write_inference_data(out, draws)
+    plot_run(out, draws, topology, time)
+    return write_summary(out, summary_table(draws))

@@ -1,0 +1,235 @@
+"""Priors on trees: branch lengths of unrooted trees, node heights of time trees.
+
+Node-height priors are NumPyro distributions whose support is `NodeHeights`;
+NumPyro reaches that support from unconstrained space through the ratio
+transform (`RatioTransform`, registered with `biject_to`), so
+`numpyro.sample("node_heights", ConstantCoalescent(time_tree, 10.0))` is all a
+model needs: NUTS moves in the unconstrained space and the log-Jacobian is
+added for it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import gammaln
+from jaxtyping import Array, Float
+from numpyro.distributions import Distribution, constraints
+from numpyro.distributions.transforms import Transform, biject_to
+
+from .._errors import InputError, ModelError
+from ._time_tree import TimeTree, all_heights, heights_to_ratios, ratio_log_jacobian, ratios_to_heights
+
+
+class GammaDirichlet(Distribution):
+    """Gamma–Dirichlet prior on unrooted branch lengths (Rannala, Zhu & Yang 2012).
+
+    The tree length `T = sum b` is Gamma(`shape`, `rate`) and the proportions
+    `b / T` are Dirichlet(`concentration`), so with `B` branches
+
+        log p(b) = log Gamma(T; shape, rate) + log Dir(b / T; c) - (B - 1) log T.
+
+    MrBayes calls it `brlenspr=unconstrained:gammadir(shape, rate, c, 1)`.
+    """
+
+    arg_constraints = {"length_shape": constraints.positive, "length_rate": constraints.positive,
+                       "concentration": constraints.positive}
+
+    def __init__(self, num_branches: int, shape=1.0, rate=0.1, concentration=1.0, validate_args=None):
+        self.num_branches = num_branches
+        self.length_shape, self.length_rate, self.concentration = shape, rate, concentration
+        super().__init__(batch_shape=(), event_shape=(num_branches,), validate_args=validate_args)
+
+    @property
+    def support(self):
+        return constraints.independent(constraints.positive, 1)
+
+    def sample(self, key, sample_shape=()):
+        k1, k2 = jax.random.split(key)
+        total = jax.random.gamma(k1, self.length_shape, sample_shape) / self.length_rate
+        c = jnp.full(self.num_branches, self.concentration)
+        return total[..., None] * jax.random.dirichlet(k2, c, sample_shape)
+
+    def log_prob(self, value: Float[Array, "... branches"]):
+        b, a, c, rate = self.num_branches, self.length_shape, self.concentration, self.length_rate
+        total = jnp.sum(value, -1)
+        log_gamma = a * jnp.log(rate) - gammaln(a) + (a - 1) * jnp.log(total) - rate * total
+        log_dirichlet = gammaln(b * c) - b * gammaln(c) + (c - 1) * jnp.sum(jnp.log(value / total[..., None]), -1)
+        return log_gamma + log_dirichlet - (b - 1) * jnp.log(total)
+
+
+class NodeHeights(constraints.Constraint):
+    """Internal node heights of `tree`, each above its children and the root above its anchor."""
+
+    event_dim = 1
+
+    def __init__(self, tree: TimeTree):
+        self.tree = tree
+
+    def __call__(self, heights):
+        h = all_heights(self.tree, jnp.asarray(heights))
+        parent = self.tree.topology.parent_array
+        return jnp.all(h[..., parent[:-1]] > h[..., :-1], -1)
+
+    def feasible_like(self, prototype):
+        k = self.tree.num_internal
+        return jnp.broadcast_to(ratios_to_heights(self.tree, jnp.ones(()), jnp.full(k - 1, 0.5)), prototype.shape)
+
+    def tree_flatten(self):
+        return (), ((), {"tree": self.tree})
+
+
+class RatioTransform(Transform):
+    """Unconstrained `x` to node heights: `x[:-1]` are logits of the ratios, `x[-1]` the log root offset."""
+
+    domain = constraints.real_vector
+
+    def __init__(self, tree: TimeTree):
+        self.tree = tree
+
+    @property
+    def codomain(self):
+        return NodeHeights(self.tree)
+
+    def __call__(self, x):
+        return jnp.vectorize(lambda v: ratios_to_heights(self.tree, jnp.exp(v[-1]), jax.nn.sigmoid(v[:-1])),
+                             signature="(k)->(k)")(x)
+
+    def _inverse(self, y):
+        def one(h):
+            offset, ratios = heights_to_ratios(self.tree, h)
+            return jnp.concatenate([jax.scipy.special.logit(ratios), jnp.log(offset)[None]])
+        return jnp.vectorize(one, signature="(k)->(k)")(y)
+
+    def log_abs_det_jacobian(self, x, y, intermediates=None):
+        logits = x[..., :-1]
+        log_sigmoid_slope = -jax.nn.softplus(-logits) - jax.nn.softplus(logits)
+        jacobian = jnp.vectorize(lambda h: ratio_log_jacobian(self.tree, h), signature="(k)->()")(y)
+        return jacobian + jnp.sum(log_sigmoid_slope, -1) + x[..., -1]
+
+    def tree_flatten(self):
+        return (), ((), {"tree": self.tree})
+
+
+@biject_to.register(NodeHeights)
+def _ratio_transform(constraint):
+    return RatioTransform(constraint.tree)
+
+
+class NodeHeightPrior(Distribution):
+    """A prior density on the internal node heights of a fixed rooted topology."""
+
+    def __init__(self, tree: TimeTree, validate_args=None):
+        self.tree = tree
+        super().__init__(batch_shape=(), event_shape=(tree.num_internal,), validate_args=validate_args)
+
+    @property
+    def support(self):
+        return NodeHeights(self.tree)
+
+    def sample(self, key, sample_shape=()):
+        raise NotImplementedError(f"{type(self).__name__} gives a density on a fixed topology; "
+                                  "it does not simulate trees")
+
+
+def _require_binary(tree: TimeTree, what: str) -> None:
+    children = np.bincount(tree.topology.parent_array[:-1], minlength=tree.topology.num_nodes)
+    if np.any(children[tree.num_tips:] != 2):
+        raise InputError(f"the {what} prior needs a binary rooted tree; this one has a polytomy")
+
+
+def _coalescent_events(tree: TimeTree, heights):
+    """Times of all sampling and coalescent events in order, with the lineage count after each."""
+    times = all_heights(tree, heights)
+    change = np.concatenate([np.ones(tree.num_tips), -np.ones(tree.num_internal)])
+    order = jnp.argsort(times)  # integer order: no gradient needed, `times[order]` carries it
+    return times[order], jnp.asarray(change)[order]
+
+
+class ConstantCoalescent(NodeHeightPrior):
+    """Kingman's coalescent with constant effective population size `population_size` (in time units).
+
+    With tips sampled through time (heterochronous), the density of the node
+    heights is `prod_events theta^-1 * prod_intervals exp(-C(k, 2) dt / theta)`,
+    `k` the lineages alive in each interval between consecutive events.
+    """
+
+    def __init__(self, tree: TimeTree, population_size, validate_args=None):
+        _require_binary(tree, "coalescent")
+        self.population_size = population_size
+        super().__init__(tree, validate_args)
+
+    def log_prob(self, heights: Float[Array, " internal"]):
+        times, change = _coalescent_events(self.tree, heights)
+        lineages = jnp.cumsum(change)[:-1]
+        pairs = lineages * (lineages - 1) / 2
+        log_theta = jnp.log(self.population_size)
+        return -jnp.sum(pairs * jnp.diff(times)) / self.population_size - self.tree.num_internal * log_theta
+
+
+class Skygrid(NodeHeightPrior):
+    """The coalescent with a piecewise-constant population size on a fixed grid (Gill et al. 2013).
+
+    `log_population_sizes[j]` holds on `[x_j, x_(j+1))` for the `K - 1` grid
+    points `x_j = j * cutoff / (K - 1)`, the last one beyond the cutoff. The
+    smoothing prior on the log sizes is separate (see `inference.skygrid_sizes`).
+    """
+
+    def __init__(self, tree: TimeTree, log_population_sizes, cutoff: float, validate_args=None):
+        _require_binary(tree, "skygrid")
+        self.log_population_sizes = jnp.asarray(log_population_sizes)
+        k = self.log_population_sizes.shape[-1]
+        self.grid = np.arange(1, k) * cutoff / max(k - 1, 1)
+        super().__init__(tree, validate_args)
+
+    def log_prob(self, heights: Float[Array, " internal"]):
+        times, change = _coalescent_events(self.tree, heights)
+        grid = jnp.asarray(self.grid, times.dtype)
+        merged = jnp.concatenate([times, grid])
+        change = jnp.concatenate([change, jnp.zeros(len(self.grid))])
+        order = jnp.argsort(merged)
+        merged, change = merged[order], change[order]
+        lineages = jnp.cumsum(change)[:-1]
+        log_theta = self.log_population_sizes[jnp.searchsorted(grid, merged, side="right")]
+        intervals = lineages * (lineages - 1) / 2 * jnp.diff(merged) * jnp.exp(-log_theta[:-1])
+        return -jnp.sum(intervals) - jnp.sum(jnp.where(change < 0, log_theta, 0.0))
+
+
+class BirthDeath(NodeHeightPrior):
+    """Constant-rate birth–death with sampling fraction `rho` at the present (Gernhard 2008; Stadler 2009).
+
+    Conditioned on `n` sampled tips and a uniform prior on the time of origin,
+    the `n - 1` node ages are independent draws from
+
+        g(x) = lambda r^2 e^{-r x} rho / D(x)^2,   D(x) = rho lambda (1 - e^{-r x}) + r e^{-r x},
+
+    with `r = lambda - mu > 0`: a proper density, including the root's age. The
+    density here is of the node heights on the fixed topology, `(n-1)! prod g`.
+    Tips must be contemporaneous. `Yule` is the case `mu = 0`, `rho = 1`.
+    """
+
+    def __init__(self, tree: TimeTree, birth_rate, death_rate=0.0, sampling_fraction=1.0, validate_args=None):
+        _require_binary(tree, "birth-death")
+        if not tree.contemporaneous:
+            raise ModelError("birth-death and Yule priors need contemporaneous tips; "
+                             "use a coalescent prior for dated tips")
+        self.birth_rate, self.death_rate, self.sampling_fraction = birth_rate, death_rate, sampling_fraction
+        super().__init__(tree, validate_args)
+
+    def log_prob(self, heights: Float[Array, " internal"]):
+        lam, mu, rho = self.birth_rate, self.death_rate, self.sampling_fraction
+        r = lam - mu
+        decay = jnp.exp(-r * heights)
+        log_d = jnp.log(rho * lam * (1 - decay) + r * decay)
+        log_g = jnp.log(lam) + jnp.log(rho) + 2 * jnp.log(r) - r * heights - 2 * log_d
+        return math.lgamma(self.tree.num_internal + 1) + jnp.sum(log_g)
+
+
+class Yule(BirthDeath):
+    """Pure birth at `birth_rate`: node ages i.i.d. Exponential(`birth_rate`) given n (Gernhard 2008)."""
+
+    def __init__(self, tree: TimeTree, birth_rate, validate_args=None):
+        super().__init__(tree, birth_rate, 0.0, 1.0, validate_args)
