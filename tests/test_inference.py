@@ -44,14 +44,30 @@ def test_distribution_log_prob_is_the_likelihood():
         ctmc.log_prob(np.zeros(3))
 
 
-def test_ratio_transform_round_trip_and_jacobian():
-    time, heights = dated_tree()
+def caterpillar(num_tips=11, seed=5):
+    """The deepest tree: every pointer-jumping round is needed."""
+    newick = "t0:1"
+    for i in range(1, num_tips):
+        newick = f"({newick},t{i}:1):1"
+    rng = np.random.default_rng(seed)
+    topology = jp.parse_newick(newick + ";").topology
+    time = time_tree(topology, rng.uniform(0, 2, num_tips))
+    return time, ratios_to_heights(time, jnp.asarray(0.7), jnp.asarray(rng.uniform(0.1, 0.9, time.num_internal - 1)))
+
+
+@pytest.mark.parametrize("shape", [dated_tree, caterpillar])
+def test_ratio_transform_round_trip_and_jacobian(shape):
+    time, heights = shape()
     offset, ratios = heights_to_ratios(time, heights)
     assert np.all((ratios > 0) & (ratios < 1)) and offset > 0
     np.testing.assert_allclose(ratios_to_heights(time, offset, ratios), heights, rtol=1e-12)
     h = all_heights(time, heights)
     parent = time.topology.parent_array
     assert np.all(h[parent[:-1]] > h[:-1])  # ordered
+    for node in range(time.num_tips, time.topology.num_nodes - 1):  # the recursion, one node at a time
+        k = node - time.num_tips
+        expected = time.anchors[k] + ratios[k] * (h[parent[node]] - time.anchors[k])
+        assert float(h[node]) == pytest.approx(float(expected), rel=1e-12)
     forward = lambda v: ratios_to_heights(time, v[-1], v[:-1])
     jacobian = jax.jacfwd(forward)(jnp.append(ratios, offset))
     _, log_det = jnp.linalg.slogdet(jacobian)

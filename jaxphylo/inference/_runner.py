@@ -86,7 +86,8 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
     run must match it except for `samples`, which may grow.
     """
     out = Path(out)
-    settings = dict(settings, chains=chains, warmup=warmup, block=block, seed=seed, samples=samples)
+    settings = json.loads(json.dumps(dict(settings, chains=chains, warmup=warmup, block=block, seed=seed,
+                                          samples=samples)))  # as it will read back (tuples become lists)
     done = _check_run_directory(out, settings, resume)
     total = -(-samples // block)
     kernel = NUTS(model, init_strategy=init_to_value(values=init))

@@ -12,9 +12,14 @@ triangular (a node depends on itself and its ancestors), so
 
     log |d heights / d (delta, r)| = sum_(i not root) log(h_parent(i) - l_i).
 
-Heights come from the ratios root-first, one vectorised step per depth level
-(the pre-order counterpart of the likelihood's levels): O(N) work, one
-`lax.scan` of `depth` steps, reverse-differentiable in O(N).
+Writing `u_i = h_i - l_i`, the recursion is affine down the tree,
+`u_i = r_i u_parent + r_i (l_parent - l_i)`, so heights come by pointer
+jumping: every node composes its map with its ancestor's, doubling the reach
+each round. `ceil(log2 depth)` fully vectorised rounds (5 for a 352-taxon
+tree 30 levels deep) replace `depth` sequential ones; the work is
+O(N log depth), and reverse mode stores one `[N]` array per round. A
+level-by-level scan took 0.9 ms for value and gradient on an H100, 11% of a
+whole leapfrog step on dengue352 (benchmarks/nuts.py).
 """
 
 from __future__ import annotations
@@ -35,14 +40,15 @@ class TimeTree:
     """A rooted topology with fixed tip heights, as index arrays for the ratio transform.
 
     Internal nodes are numbered as in the topology minus `num_tips` (the root is
-    last). `depth_nodes[d]` lists the internal nodes at depth `d + 1` below the
-    root, padded with `num_internal` (a scratch slot).
+    last). `ancestors[j]` is every internal node's ancestor `2^j` generations up
+    (the root is its own), for the pointer-jumping rounds.
     """
 
     tip_heights: Float[np.ndarray, " tips"]
     anchors: Float[np.ndarray, " internal"]
     internal_parent: Int[np.ndarray, " internal"]
-    depth_nodes: Int[np.ndarray, "depth width"]
+    ancestors: Int[np.ndarray, "rounds internal"]
+    max_depth: int
     topology: Topology
 
     # Compared by identity: it rides along as static data in NumPyro's constraints and transforms.
@@ -75,32 +81,28 @@ def time_tree(topology: Topology, tip_heights=None) -> TimeTree:
     for node in range(m - 2, n - 1, -1):  # parents follow children: walk root-first
         depth[node] = depth[parent[node]] + 1
     k = m - n
-    levels = [np.flatnonzero(depth[n:] == d) for d in range(1, int(depth[n:].max(initial=0)) + 1)]
-    width = max((len(level) for level in levels), default=1)
-    depth_nodes = np.full((max(len(levels), 1), width), k, np.int32)
-    for d, level in enumerate(levels):
-        depth_nodes[d, : len(level)] = level
-    internal_parent = np.append(parent[n:-1] - n, k).astype(np.int32)  # the root's parent: the scratch slot
-    return TimeTree(tips, anchors[n:], internal_parent, depth_nodes, topology)
+    internal_parent = np.append(parent[n:-1] - n, k - 1).astype(np.int32)  # the root is its own parent
+    max_depth = int(depth[n:].max(initial=0))
+    ancestors, reach = [], internal_parent
+    for _ in range(max(0, (max_depth - 1).bit_length())):  # ceil(log2 depth) rounds
+        ancestors.append(reach)
+        reach = reach[reach]
+    return TimeTree(tips, anchors[n:], internal_parent, np.array(ancestors, np.int32).reshape(-1, k), max_depth,
+                    topology)
 
 
 def ratios_to_heights(
     tree: TimeTree, root_offset: Float[Array, ""], ratios: Float[Array, " internal_minus_root"]
 ) -> Float[Array, " internal"]:
     """Internal node heights from `root_offset = h_root - l_root > 0` and the non-root ratios."""
-    k = tree.num_internal
     anchors = jnp.asarray(tree.anchors, ratios.dtype)
-    padded_ratios = jnp.concatenate([ratios, jnp.zeros(2, ratios.dtype)])  # root and scratch slot
-    padded_anchors = jnp.concatenate([anchors, jnp.zeros(1, ratios.dtype)])
-    heights = jnp.zeros(k + 1, ratios.dtype).at[k - 1].set(anchors[-1] + root_offset)
-    parent = jnp.asarray(np.append(tree.internal_parent, k))
-
-    def level(heights, nodes):
-        low = padded_anchors[nodes]
-        return heights.at[nodes].set(low + padded_ratios[nodes] * (heights[parent[nodes]] - low)), None
-
-    heights, _ = jax.lax.scan(level, heights, jnp.asarray(tree.depth_nodes))
-    return heights[:k]
+    # u_i = scale_i * u_(ancestor) + shift_i, starting from the parent; the root maps to itself
+    scale = jnp.concatenate([ratios, jnp.ones(1, ratios.dtype)])
+    shift = jnp.concatenate([ratios * (anchors[tree.internal_parent[:-1]] - anchors[:-1]), jnp.zeros(1, ratios.dtype)])
+    for ancestor in tree.ancestors:
+        shift = scale * shift[ancestor] + shift
+        scale = scale * scale[ancestor]
+    return anchors + scale * root_offset + shift
 
 
 def heights_to_ratios(tree: TimeTree, heights: Float[Array, " internal"]):
