@@ -101,3 +101,36 @@ def test_killed_run_resumes_without_losing_blocks(tmp_path):
     for name, content in kept.items():
         assert (out / "blocks" / name).read_bytes() == content
     assert len(list((out / "blocks").glob("*.npz"))) == 6
+
+
+def test_sample_command_on_a_dated_time_tree(tmp_path):
+    """Tip dates from a TSV, strict clock, coalescent: rate-annotated NEXUS trees and time-tree outputs."""
+    import jax.numpy as jnp
+
+    from jaxphylo.inference import branch_durations, ratios_to_heights, time_tree
+
+    rng = np.random.default_rng(3)
+    taxa = [f"s{i}" for i in range(8)]
+    topology = jp.random_topology_tree(taxa, seed=3).topology
+    dates = 2020 - rng.uniform(0, 20, len(taxa))
+    time = time_tree(topology, dates.max() - dates)
+    heights = ratios_to_heights(time, jnp.asarray(15.0), jnp.full(time.num_internal - 1, 0.5))
+    durations = branch_durations(time, heights)
+    alignment = jp.simulate(jp.Tree(0.01 * durations, topology), jp.parse_model("HKY{3}+FQ"), 400, seed=4)
+    (tmp_path / "aln.fasta").write_text("".join(f">{t}\n{s}\n" for t, s in zip(alignment.taxa, alignment.sequences)))
+    jp.write_tree(jp.Tree(durations, topology), tmp_path / "tree.nwk")
+    (tmp_path / "dates.tsv").write_text("taxon\tdate\n" + "".join(f"{t}\t{d}\n" for t, d in zip(taxa, dates)))
+    out = tmp_path / "run"
+    base = ["sample", str(tmp_path / "aln.fasta"), str(tmp_path / "tree.nwk"), "--model", "HKY+FQ",
+            "--clock", "strict"]
+    result = cli(*base, "--dates", str(tmp_path / "dates.tsv"), "--chains", "1", "--warmup", "50",
+                 "--samples", "10", "--block", "10", "--out", str(out), "--no-progress", timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert "clock_rate" in result.stdout and "root_height" in result.stdout
+    trees = dendropy.TreeList.get(path=str(out / "chain1.trees"), schema="nexus")
+    assert len(trees) == 10 and trees[0].is_rooted
+    assert all(e.annotations.get_value("rate") is not None for e in trees[0].postorder_node_iter() if e.parent_node)
+    (tmp_path / "extra.tsv").write_text("".join(f"{t}\t{d}\n" for t, d in zip(taxa + ["ghost"], list(dates) + [2000])))
+    bad = cli(*base, "--dates", str(tmp_path / "extra.tsv"), "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "'ghost' has a date but is not in the tree" in bad.stderr
+    assert "Traceback" not in bad.stderr
