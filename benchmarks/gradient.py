@@ -18,8 +18,6 @@ sites, 4-core Xeon) the CPU one.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -30,6 +28,8 @@ import jax.numpy as jnp
 
 import jaxphylo as jp
 from jaxphylo.likelihood._api import _pattern_log_likelihoods, schedule_for
+
+from _common import device_record, save
 from likelihood import make_case, measured_bandwidth
 
 BEAGLE_MS = {("4", 1000, 1000): "13", ("4", 1000, 10000): "110-136", ("61", 62, 3600): "11.4",
@@ -121,14 +121,10 @@ def main():
               f"{fmt(row['autodiff_ms'])} | {ratio:>8.2f} {fmt(speedup, '>7.1f')} | {fmt(mib('loglik_peak_bytes'), '>9.0f')} "
               f"{fmt(mib('preorder_peak_bytes'), '>9.0f')} {fmt(mib('autodiff_peak_bytes'), '>9.0f')} | "
               f"{row['floor_ms']:>8.2f}  {row['beagle_gradient_ms'] or ''}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": "gradient", "device": device.device_kind, "platform": device.platform,
-              "jax": jax.__version__, "python": platform.python_version(), "bandwidth_GBps": bandwidth / 1e9,
-              "peak_memory": "XLA memory_analysis: arguments + outputs + temporaries", "rows": rows}
-    path = out / f"gradient-{device.platform}.json"
-    path.write_text(json.dumps(record, indent=1))
-    print(f"wrote {path}")
+    record = device_record("gradient")
+    record.update(bandwidth_GBps=bandwidth / 1e9,
+                  peak_memory="XLA memory_analysis: arguments + outputs + temporaries", rows=rows)
+    save(record, args.out, "gradient")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,6 @@ categories, same H100) is the reference named in issue #2.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import resource
 import statistics
 import time
@@ -26,6 +24,8 @@ import numpy as np
 
 import jaxphylo as jp
 from jaxphylo.likelihood._api import PatternData, _pattern_log_likelihoods, schedule_for
+
+from _common import device_record, save
 
 BEAGLE_MS = {("4", 1000, 1000): "0.3-0.5", ("4", 1000, 10000): "4.6-6.9 (10.7 rescaled)", ("61", 62, 3600): "1.95"}
 CASES = [("4", 100, 1000), ("4", 100, 10000), ("4", 1000, 1000), ("4", 1000, 10000),
@@ -122,14 +122,9 @@ def main():
             print(f"{states:>3} {taxa:>6} {patterns:>6} {precision:>8} {row['median_ms']:>10.3f} "
                   f"{row['compile_s']:>9.2f} {row['floor_ms']:>9.3f} {row['over_floor']:>8.1f} "
                   f"{row['peak_bytes'] / 2**20:>9.0f}  {beagle}", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": "likelihood", "device": device.device_kind, "platform": device.platform,
-              "jax": jax.__version__, "python": platform.python_version(), "bandwidth_GBps": bandwidth / 1e9,
-              "rows": rows}
-    path = out / f"likelihood-{device.platform}.json"
-    path.write_text(json.dumps(record, indent=1))
-    print(f"wrote {path}")
+    record = device_record("likelihood")
+    record.update(bandwidth_GBps=bandwidth / 1e9, rows=rows)
+    save(record, args.out, "likelihood")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 
 from ._errors import JaxphyloError
@@ -43,7 +44,6 @@ def _loglik(args) -> None:
 
 
 def _sample(args) -> None:
-    import hashlib
     import os
 
     if args.chains > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -85,8 +85,6 @@ def _sample(args) -> None:
 
 
 def _digest(path) -> str:
-    import hashlib
-
     try:
         with open(path, "rb") as handle:
             return hashlib.sha256(handle.read()).hexdigest()[:16]

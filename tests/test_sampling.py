@@ -15,6 +15,7 @@ import pytest
 import jaxphylo as jp
 from jaxphylo.inference import Analysis, prepare
 from jaxphylo.inference._runner import run_nuts
+from numpyro.infer.util import log_density
 
 EXAMPLE = ("jaxphylo/examples/example.fasta", "jaxphylo/examples/example.nwk")
 
@@ -41,6 +42,15 @@ def test_resumed_run_equals_an_uninterrupted_one(example, tmp_path):
     for name, values in whole.samples.items():
         np.testing.assert_array_equal(resumed.samples[name], values)
     np.testing.assert_allclose(resumed.stats["likelihood"], whole.stats["likelihood"])
+    first = {k: v[0, 0] for k, v in whole.samples.items()}
+    joint, _ = log_density(example.model, (example.data,), {}, first)
+    assert whole.stats["posterior"][0, 0] == pytest.approx(float(joint), rel=1e-12)
+    expected = float(jp.inference.PhyloCTMC(
+        example.tree.with_branch_lengths(np.append(first["branch_lengths"], 0.0)),
+        jp.models.Model(jp.models.HKY85(first["kappa"], first["frequencies"]),
+                        jp.models.DiscreteGamma(first["gamma_shape"], 4)),
+    ).log_prob(example.data))
+    assert whole.stats["likelihood"][0, 0] == pytest.approx(expected, rel=1e-12)
 
 
 def test_run_directory_errors(example, tmp_path):

@@ -86,7 +86,6 @@ class Prepared:
     init: dict
     tree: Tree
     time: TimeTree | None
-    dated: bool
 
 
 def unrooted(tree: Tree) -> Tree:
@@ -111,7 +110,7 @@ def prepare(alignment: Alignment, tree: Tree, analysis: Analysis, tip_heights=No
         build = _unrooted_model(tree, model, estimated, priors, analysis)
         lengths = np.asarray(tree.branch_lengths[:-1], float)
         init["branch_lengths"] = jnp.asarray(np.clip(lengths, 1e-4, None))
-        return Prepared(build, data, init, tree, None, False)
+        return Prepared(build, data, init, tree, None)
     time = time_tree(tree.topology, tip_heights)
     data = pattern_data(alignment, tree)
     heights = heights_from_tree(tree, time)
@@ -120,7 +119,7 @@ def prepare(alignment: Alignment, tree: Tree, analysis: Analysis, tip_heights=No
     init.update(_time_tree_start(analysis, time, heights, rate))
     cutoff = analysis.skygrid_cutoff or 1.2 * float(heights[-1])
     build = _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff)
-    return Prepared(build, data, init, tree, time, dated)
+    return Prepared(build, data, init, tree, time)
 
 
 def _unrooted_model(tree, model, estimated, priors, analysis):

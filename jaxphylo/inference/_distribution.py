@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 from numpyro.distributions import Distribution, constraints
 
 from .._alignment import Alignment
@@ -42,7 +41,3 @@ class PhyloCTMC(Distribution):
     def sample(self, key, sample_shape=()):
         raise NotImplementedError("PhyloCTMC cannot draw alignments inside a NumPyro model; "
                                   "simulate outside it with jp.simulate(tree, model, num_sites)")
-
-    @property
-    def mean(self):
-        return jnp.nan

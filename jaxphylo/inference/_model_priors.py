@@ -27,7 +27,8 @@ from numpyro.distributions.transforms import ExpTransform, SigmoidTransform
 from ..models import GTR, GY94, HKY85, TN93, DiscreteGamma, FreeRates, InvariantSites, Model
 
 
-def default_priors(k: int = 4) -> dict:
+def default_priors() -> dict:
+    """Site name -> prior (or, for vectors, a function of their length giving it)."""
     return {
         "frequencies": lambda n: dist.Dirichlet(jnp.ones(n)),
         "gtr_rates": dist.Dirichlet(jnp.ones(6)),
@@ -47,8 +48,11 @@ MRBAYES_PRIORS = {
 }
 
 
+DEFAULT_PRIORS = default_priors()
+
+
 def _prior(priors, name, size=None):
-    chosen = priors.get(name, default_priors()[name])
+    chosen = priors.get(name, DEFAULT_PRIORS[name])
     return chosen(size) if callable(chosen) and not isinstance(chosen, dist.Distribution) else chosen
 
 

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from numpyro import handlers
+from numpyro.distributions import Unit
 from numpyro.infer import MCMC, NUTS, init_to_value
-from numpyro.infer.util import log_density, log_likelihood
 
 from .._errors import InputError
 
@@ -122,13 +124,27 @@ def _save_state(path: Path, state, blocks: int) -> None:
 
 
 def _log_densities(model, data, draws: dict) -> dict:
-    """Log posterior (constrained space), log-likelihood and log prior of every draw."""
+    """Log posterior (constrained space), log-likelihood and log prior of every draw, in one model pass."""
     chains, num = next(iter(draws.values())).shape[:2]
     flat = {k: v.reshape((chains * num,) + v.shape[2:]) for k, v in draws.items()}
-    joint = jax.vmap(lambda s: log_density(model, (data,), {}, s)[0])(flat)
-    likelihood = sum(log_likelihood(model, flat, data).values())
+
+    def split(draw):
+        trace = handlers.trace(handlers.substitute(model, draw)).get_trace(data)
+        likelihood = prior = 0.0
+        for site in trace.values():
+            if site["type"] != "sample":
+                continue
+            term = jnp.sum(site["fn"].log_prob(site["value"]))
+            factor = isinstance(site["fn"], Unit)  # numpyro.factor: our 1/x priors
+            if site["is_observed"] and not factor:
+                likelihood = likelihood + term
+            else:
+                prior = prior + term
+        return likelihood, prior
+
+    likelihood, prior = jax.vmap(split)(flat)
     shaped = lambda x: np.asarray(x).reshape(chains, num)
-    return {"posterior": shaped(joint), "likelihood": shaped(likelihood), "prior": shaped(joint - likelihood)}
+    return {"posterior": shaped(likelihood + prior), "likelihood": shaped(likelihood), "prior": shaped(prior)}
 
 
 def load_draws(out, blocks: int | None = None) -> Draws:

@@ -130,10 +130,6 @@ def branch_durations(tree: TimeTree, heights: Float[Array, " internal"]) -> Floa
     return jnp.concatenate([h[parent[:-1]] - h[:-1], jnp.zeros(1, h.dtype)])
 
 
-def tree_with_lengths(tree: TimeTree, branch_lengths: Float[Array, " nodes"]) -> Tree:
-    return Tree(branch_lengths, tree.topology)
-
-
 def heights_from_tree(tree: Tree, time: TimeTree, tolerance: float = 1e-4) -> np.ndarray:
     """Internal node heights of a tree read from a file, checked against the tips' heights.
 

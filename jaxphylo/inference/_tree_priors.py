@@ -141,12 +141,22 @@ def _require_binary(tree: TimeTree, what: str) -> None:
         raise InputError(f"the {what} prior needs a binary rooted tree; this one has a polytomy")
 
 
-def _coalescent_events(tree: TimeTree, heights):
-    """Times of all sampling and coalescent events in order, with the lineage count after each."""
-    times = all_heights(tree, heights)
-    change = np.concatenate([np.ones(tree.num_tips), -np.ones(tree.num_internal)])
-    order = jnp.argsort(times)  # integer order: no gradient needed, `times[order]` carries it
-    return times[order], jnp.asarray(change)[order]
+def coalescent_log_density(tree: TimeTree, heights, log_population_sizes, grid=()):
+    """Log density of the node heights under the coalescent with `log theta = log_population_sizes[j]`
+    between grid points `grid[j-1]` and `grid[j]` (one size and no grid: constant).
+
+    Every sampling, coalescent and grid event is sorted once by time; between consecutive
+    events `k` lineages coalesce at rate `C(k, 2) / theta`, and each coalescence adds `-log theta`.
+    """
+    grid = np.asarray(grid, float)
+    times = jnp.concatenate([all_heights(tree, heights), jnp.asarray(grid, heights.dtype)])
+    change = np.concatenate([np.ones(tree.num_tips), -np.ones(tree.num_internal), np.zeros(len(grid))])
+    order = jnp.argsort(times)  # an integer order: `times[order]` carries the gradient
+    times, change = times[order], jnp.asarray(change)[order]
+    lineages = jnp.cumsum(change)[:-1]
+    log_theta = jnp.asarray(log_population_sizes)[jnp.searchsorted(jnp.asarray(grid), times, side="right")]
+    intervals = lineages * (lineages - 1) / 2 * jnp.diff(times) * jnp.exp(-log_theta[:-1])
+    return -jnp.sum(intervals) - jnp.sum(jnp.where(change < 0, log_theta, 0.0))
 
 
 class ConstantCoalescent(NodeHeightPrior):
@@ -163,11 +173,7 @@ class ConstantCoalescent(NodeHeightPrior):
         super().__init__(tree, validate_args)
 
     def log_prob(self, heights: Float[Array, " internal"]):
-        times, change = _coalescent_events(self.tree, heights)
-        lineages = jnp.cumsum(change)[:-1]
-        pairs = lineages * (lineages - 1) / 2
-        log_theta = jnp.log(self.population_size)
-        return -jnp.sum(pairs * jnp.diff(times)) / self.population_size - self.tree.num_internal * log_theta
+        return coalescent_log_density(self.tree, heights, jnp.log(jnp.atleast_1d(self.population_size)))
 
 
 class Skygrid(NodeHeightPrior):
@@ -175,7 +181,8 @@ class Skygrid(NodeHeightPrior):
 
     `log_population_sizes[j]` holds on `[x_j, x_(j+1))` for the `K - 1` grid
     points `x_j = j * cutoff / (K - 1)`, the last one beyond the cutoff. The
-    smoothing prior on the log sizes is separate (see `inference.skygrid_sizes`).
+    smoothing prior on the log sizes is separate (a Gaussian random walk in
+    `inference.prepare`'s models).
     """
 
     def __init__(self, tree: TimeTree, log_population_sizes, cutoff: float, validate_args=None):
@@ -186,16 +193,7 @@ class Skygrid(NodeHeightPrior):
         super().__init__(tree, validate_args)
 
     def log_prob(self, heights: Float[Array, " internal"]):
-        times, change = _coalescent_events(self.tree, heights)
-        grid = jnp.asarray(self.grid, times.dtype)
-        merged = jnp.concatenate([times, grid])
-        change = jnp.concatenate([change, jnp.zeros(len(self.grid))])
-        order = jnp.argsort(merged)
-        merged, change = merged[order], change[order]
-        lineages = jnp.cumsum(change)[:-1]
-        log_theta = self.log_population_sizes[jnp.searchsorted(grid, merged, side="right")]
-        intervals = lineages * (lineages - 1) / 2 * jnp.diff(merged) * jnp.exp(-log_theta[:-1])
-        return -jnp.sum(intervals) - jnp.sum(jnp.where(change < 0, log_theta, 0.0))
+        return coalescent_log_density(self.tree, heights, self.log_population_sizes, self.grid)
 
 
 class BirthDeath(NodeHeightPrior):
