@@ -27,20 +27,22 @@ import jax
 import jax.numpy as jnp
 
 import jaxphylo as jp
-from jaxphylo.likelihood._api import _pattern_log_likelihoods, schedule_for
+from jaxphylo._schedule import branch_index
+from jaxphylo.likelihood._api import _pattern_log_likelihoods, schedule_for, step_buckets
 
-from _common import device_record, save
+from _common import SHARED_DATA, beagle_reference, device_record, save
 from likelihood import make_case, measured_bandwidth
 
-BEAGLE_MS = {("4", 1000, 1000): "13", ("4", 1000, 10000): "110-136", ("61", 62, 3600): "11.4",
+GPU_BEAGLE_MS = {("4", 1000, 1000): "13", ("4", 1000, 10000): "110-136", ("61", 62, 3600): "11.4",
              ("61", 128, 1000): "7.8"}
-CASES = [("4", 100, 1000), ("4", 100, 10000), ("4", 1000, 1000), ("4", 1000, 10000),
+CASES = [("primates_mtDNA", 12, 413), ("4", 50, 1000), ("dengue352_hmc_clock", 352, 2227), ("4", 100, 1000), ("4", 100, 10000), ("4", 1000, 1000), ("4", 1000, 10000),
          ("4", 10000, 1000), ("4", 10000, 10000), ("61", 62, 3600), ("61", 128, 1000), ("4", 1024, 2000)]
 
 
-def objective(static_steps):
+def objective(index, static_steps, autodiff=False):
     def total(model, branch_lengths, data, schedule):
-        per_pattern = _pattern_log_likelihoods(model, branch_lengths, data, schedule, jnp.float64, static_steps)
+        per_pattern = _pattern_log_likelihoods(model, branch_lengths, data, schedule, index, jnp.float64,
+                                               static_steps, autodiff)
         return jnp.sum(data.weights * per_pattern)
     return total
 
@@ -70,12 +72,14 @@ def run_case(states, taxa, patterns, bandwidth, repeats, autodiff_max_cells):
     tree, model, data = make_case(states, taxa, patterns)
     schedule = schedule_for(tree, model, data, jnp.float64)
     args = (model, tree.branch_lengths, data, schedule)
-    steps = tuple(int(k) for k in schedule.steps)
-    row = {"states": int(states), "taxa": taxa, "patterns": patterns, "precision": "float64", "repeats": repeats}
+    steps = step_buckets(schedule)
+    index = branch_index(tree.topology)
+    row = {"case": states, "states": model.alphabet.num_states, "taxa": taxa, "patterns": patterns,
+           "precision": "float64", "repeats": repeats}
     functions = {
-        "loglik": objective(None),
-        "preorder": lambda m, b, d, s: jax.grad(objective(None), argnums=(0, 1))(m, b, d, s),
-        "autodiff": lambda m, b, d, s: jax.grad(objective(steps), argnums=(0, 1))(m, b, d, s),
+        "loglik": objective(index, steps),
+        "preorder": lambda m, b, d, s: jax.grad(objective(index, steps), argnums=(0, 1))(m, b, d, s),
+        "autodiff": lambda m, b, d, s: jax.grad(objective(index, steps, True), argnums=(0, 1))(m, b, d, s),
     }
     for name, function in functions.items():
         if name == "autodiff" and taxa * patterns > autodiff_max_cells:
@@ -87,9 +91,20 @@ def run_case(states, taxa, patterns, bandwidth, repeats, autodiff_max_cells):
         row[f"{name}_peak_bytes"] = peak
     floor = 5 * (taxa - 1) * 4 * patterns * model.alphabet.num_states * 8 / bandwidth
     row["floor_ms"] = 1e3 * floor
-    on_gpu = jax.default_backend() == "gpu"
-    row["beagle_gradient_ms"] = BEAGLE_MS.get((states, taxa, patterns)) if on_gpu else None
+    if jax.default_backend() == "gpu":
+        row["beagle_gradient_ms"] = GPU_BEAGLE_MS.get((states, taxa, patterns))
+    else:  # BEAGLE 3.1 has no pre-order API: upper partials by ordinary operations, then edge derivatives
+        reference = beagle_reference(tree, model, data, gradient=True)
+        row["beagle_gradient_ms"] = None if reference is None else f"{reference['gradient_median_ms']:.4g}"
+        row["beagle_loglik_ms"] = None if reference is None else reference["median_ms"]
     return row
+
+
+def with_ratio(beagle: str | None, ours_ms: float) -> str:
+    """'BEAGLE ms (ours / BEAGLE)', against the low end of a quoted range."""
+    if not beagle:
+        return "-"
+    return f"{beagle} ({ours_ms / float(beagle.split('-')[0].split()[0]):.2f}x)"
 
 
 def fmt(value, spec=">9.2f"):
@@ -106,21 +121,25 @@ def main():
     device = jax.devices()[0]
     bandwidth = measured_bandwidth()
     print(f"device: {device.device_kind} ({device.platform}); jax {jax.__version__}; bandwidth {bandwidth / 1e9:.0f} GB/s")
-    print(f"{'S':>3} {'taxa':>6} {'patt':>6} | {'logL ms':>9} {'VJP ms':>9} {'AD ms':>9} | {'VJP/logL':>8} "
+    print(f"{'case':>10} {'taxa':>6} {'patt':>6} | {'logL ms':>9} {'VJP ms':>9} {'AD ms':>9} | {'VJP/logL':>8} "
           f"{'AD/VJP':>7} | {'logL MiB':>9} {'VJP MiB':>9} {'AD MiB':>9} | {'floor ms':>8}  BEAGLE grad ms")
     rows = []
     for states, taxa, patterns in CASES:
         if taxa * patterns > args.max_cells:
+            continue
+        if states not in ("4", "61") and not (SHARED_DATA / states).exists():
+            print(f"skipping {states}: ../shared/data absent")
             continue
         row = run_case(states, taxa, patterns, bandwidth, args.repeats, args.autodiff_max_cells)
         rows.append(row)
         ratio = row["preorder_ms"] / row["loglik_ms"]
         speedup = row["autodiff_ms"] / row["preorder_ms"] if row["autodiff_ms"] else None
         mib = lambda key: row[key] / 2**20 if row.get(key) else None
-        print(f"{states:>3} {taxa:>6} {patterns:>6} | {fmt(row['loglik_ms'])} {fmt(row['preorder_ms'])} "
+        label = states if states in ("4", "61") else states.split("_")[0][:10]
+        print(f"{label:>10} {taxa:>6} {patterns:>6} | {fmt(row['loglik_ms'])} {fmt(row['preorder_ms'])} "
               f"{fmt(row['autodiff_ms'])} | {ratio:>8.2f} {fmt(speedup, '>7.1f')} | {fmt(mib('loglik_peak_bytes'), '>9.0f')} "
               f"{fmt(mib('preorder_peak_bytes'), '>9.0f')} {fmt(mib('autodiff_peak_bytes'), '>9.0f')} | "
-              f"{row['floor_ms']:>8.2f}  {row['beagle_gradient_ms'] or ''}", flush=True)
+              f"{row['floor_ms']:>8.2f}  {with_ratio(row['beagle_gradient_ms'], row['preorder_ms'])}", flush=True)
     record = device_record("gradient")
     record.update(bandwidth_GBps=bandwidth / 1e9,
                   peak_memory="XLA memory_analysis: arguments + outputs + temporaries", rows=rows)

@@ -16,7 +16,7 @@ from ._errors import InputError, JaxphyloError, ModelError  # noqa: E402
 from ._neighbor_joining import bionj, neighbor_joining  # noqa: E402
 from ._schedule import Schedule, build_schedule  # noqa: E402
 from ._simulate import random_topology_tree, simulate  # noqa: E402
-from ._tree import Topology, Tree  # noqa: E402
+from ._tree import Topology, Tree, TreeBatch  # noqa: E402
 from .io import parse_newick, read_alignment, read_tree, write_tree  # noqa: E402
 from .likelihood import (  # noqa: E402
     ancestral_marginals, branch_length_derivatives, log_likelihood, pattern_log_likelihoods,
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Alignment", "SitePatterns", "Alphabet", "DNA", "PROTEIN", "codon_alphabet",
     "JaxphyloError", "InputError", "ModelError", "Schedule", "build_schedule",
-    "Topology", "Tree", "read_alignment", "read_tree", "parse_newick", "write_tree",
+    "Topology", "Tree", "TreeBatch", "read_alignment", "read_tree", "parse_newick", "write_tree",
     "log_likelihood", "pattern_log_likelihoods", "ancestral_marginals",
     "branch_length_derivatives", "Model", "parse_model",
     "simulate", "random_topology_tree", "distances", "neighbor_joining", "bionj", "coevolution", "inference", "example_paths",

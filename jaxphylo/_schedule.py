@@ -1,50 +1,64 @@
-"""The traversal schedule: topology turned into padded index arrays, outside jit.
+"""The traversal schedule: a topology turned into padded index arrays, on the device.
 
-Kernels see a *binary* rooted tree ("kernel nodes"): tips `0..N-1`, internal
-nodes `N..2N-2`, root `2N-2`, and a padding sentinel `2N-1`. Polytomies (the
-trifurcating root of an unrooted tree included) are resolved with zero-length
-branches, which leave the likelihood unchanged.
+Kernels see *binary rooted* trees ("kernel trees") given by a parent array over
+`M = 2N-1` nodes: tips `0..N-1`, internal nodes after, the root's parent `-1`.
+Polytomies (the trifurcating root of an unrooted tree included) are resolved on
+the host with zero-length branches, which leave the likelihood unchanged.
 
 Internal nodes are processed level by level (a node's level is one more than
 its highest child's), in *phases* of fixed widths `W_0 > W_1 > ... > 1`
-(powers of two). A level goes to the narrowest phase it fits in, split into
-several steps if it is wider. Phase widths depend only on N and `max_width`,
-and the number of steps per phase is data, so every topology of N taxa runs
-the same compiled code. Each step pads at most to twice its level's width.
-`max_width` bounds the temporaries of one step (a few `[width, C, P, S]`
-arrays): without it, a 10,000-taxon, 10,000-pattern gradient asked for 64 GiB.
+(powers of two). A level goes to the narrowest phase it fits in (never back to
+a wider one), split into several steps if it is wider. Each step pads at most
+to twice its level's width, so `R = 2(N-1) + W_0` slots always suffice.
+
+Slots are the rows of the partials buffers, so every step writes one
+contiguous block of rows. The kernels name everything by *layout id*: tip `t`
+is `t`, slot `r` is `N + r`, and `N + R` is a sentinel (a row of ones, a
+zero-length branch) that padding slots take as their children. Phase widths
+and `R` depend only on `N` and `max_width`; everything else is data, computed
+by `device_schedule` inside jit from the parent array, so every topology of N
+taxa runs one compiled program, and moves that edit parent arrays on the
+device never go back to the host. `max_width` bounds the temporaries of one
+step (a few `[width, C, P, S]` arrays).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import equinox as eqx
+import jax
+import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Int
+from jax import lax
+from jaxtyping import Array, Int
 
 from ._tree import Topology
 
 
 class Schedule(eqx.Module):
-    """Index arrays for the post-order (read forwards) and pre-order (backwards) passes.
+    """Index arrays of a batch of kernel trees for the post-order (forwards) and pre-order (backwards) passes.
 
-    Step `i` of phase `j` covers slots `offsets[j] + i*widths[j]` onwards.
-    `branch_index[k]` says which entry of the user's branch lengths kernel node
-    `k` uses; `num_branches` (one past the last) means a zero-length branch.
+    Step `i` of phase `j` of tree `b` covers slots `offsets[b, j] + i*widths[j]` onwards.
+    `layout[b, id]` is the kernel node at layout id `id` (`M`, the kernel
+    sentinel, for padding), so `P[layout]` puts transition matrices in layout order.
     """
 
-    nodes: Int[np.ndarray, " slots"]
-    children: Int[np.ndarray, "slots 2"]
-    steps: Int[np.ndarray, " phases"]
-    offsets: Int[np.ndarray, " phases"]
-    branch_index: Int[np.ndarray, " kernel_nodes"]
+    children: Int[Array, "batch slots 2"]
+    layout: Int[Array, "batch ids"]
+    steps: Int[Array, "batch phases"]
+    offsets: Int[Array, "batch phases"]
+    root_row: Int[Array, " batch"]
     widths: tuple[int, ...] = eqx.field(static=True)
     num_tips: int = eqx.field(static=True)
 
     @property
-    def sentinel(self) -> int:
-        return 2 * self.num_tips - 1
+    def num_slots(self) -> int:
+        return self.children.shape[-2]
+
+    @property
+    def batch_size(self) -> int:
+        return self.children.shape[0]
 
 
 def phase_widths(num_tips: int, max_width: int | None = None) -> tuple[int, ...]:
@@ -55,8 +69,81 @@ def phase_widths(num_tips: int, max_width: int | None = None) -> tuple[int, ...]
     return tuple(1 << k for k in range(top.bit_length() - 1, -1, -1))
 
 
-def _binarize(topology: Topology):
-    """Kernel parent array and, per kernel node, the user node whose branch it takes (-1: none)."""
+def num_slots(num_tips: int, widths: tuple[int, ...]) -> int:
+    return 2 * max(num_tips - 1, 1) + widths[0]
+
+
+def kernel_children(parent: Int[Array, " M"]) -> Int[Array, "M 2"]:
+    """Both children of every node of a binary tree (`M` for a tip), by segment min and max."""
+    m = parent.shape[0]
+    up = jnp.where(parent < 0, m, parent)
+    node = jnp.arange(m, dtype=parent.dtype)
+    first = jax.ops.segment_min(node, up, num_segments=m + 1)[:m]
+    second = jax.ops.segment_max(node, up, num_segments=m + 1)[:m]
+    has_children = first <= second
+    return jnp.where(has_children[:, None], jnp.stack([first, second], axis=1), m)
+
+
+def node_levels(children: Int[Array, "M 2"]) -> Int[Array, " M"]:
+    """Level of every node (tips 0): relaxed `1 + max(children)` until nothing changes (tree height + 1 rounds)."""
+    m = children.shape[0]
+    internal = children[:, 0] < m
+
+    def relax(state):
+        level, _ = state
+        padded = jnp.append(level, 0)
+        new = jnp.where(internal, 1 + jnp.maximum(padded[children[:, 0]], padded[children[:, 1]]), 0)
+        return new, jnp.any(new != level)
+
+    level, _ = lax.while_loop(lambda s: s[1], relax, (jnp.zeros(m, children.dtype), jnp.array(True)))
+    return level
+
+
+@partial(jax.jit, static_argnames=("widths",))
+def device_schedule(parent: Int[Array, "batch M"], widths: tuple[int, ...]) -> Schedule:
+    """The schedule of a batch of binary rooted trees (parent arrays over the same `N` tips), inside jit."""
+    return jax.vmap(lambda p: _one_schedule(p, widths))(parent)
+
+
+def _one_schedule(parent, widths):
+    m = parent.shape[0]
+    n = (m + 1) // 2
+    r = num_slots(n, widths)
+    width = jnp.asarray(widths, jnp.int32)
+    kids = kernel_children(parent).astype(jnp.int32)
+    level = node_levels(kids)
+    internal = jnp.arange(m) >= n
+
+    # Level sizes, and each level's phase: the narrowest that fits, never widening again (a cumulative max).
+    count = jnp.zeros(n + 1, jnp.int32).at[jnp.where(internal, level, 0)].add(internal.astype(jnp.int32))
+    fits = jnp.sum(width[None, :] >= count[:, None], axis=1) - 1
+    phase = lax.cummax(jnp.where(count > 0, fits, 0))
+    level_width = width[phase]
+    level_slots = -(-count // level_width) * level_width
+    level_start = jnp.cumsum(level_slots) - level_slots
+    steps = jax.ops.segment_sum(level_slots // level_width, phase, num_segments=len(widths))
+    offsets = jnp.cumsum(steps * width) - steps * width
+
+    # A node's slot: its level's first slot plus its rank among that level's nodes.
+    order = jnp.argsort(jnp.where(internal, level, n + 1), stable=True)
+    sorted_level = level[order]
+    first_in_level = jnp.cumsum(count) - count
+    rank = jnp.arange(m) - first_in_level[sorted_level]
+    slot = jnp.zeros(m, jnp.int32).at[order].set((level_start[sorted_level] + rank).astype(jnp.int32))
+
+    layout_id = jnp.where(internal, n + slot, jnp.arange(m, dtype=jnp.int32))
+    layout_id = jnp.append(layout_id, n + r)  # the sentinel
+    node_at_slot = jnp.full(r, m, jnp.int32).at[jnp.where(internal, slot, r)].set(jnp.arange(m, dtype=jnp.int32),
+                                                                                 mode="drop")
+    children = layout_id[jnp.append(kids, jnp.full((1, 2), m, jnp.int32), axis=0)[node_at_slot]]
+    layout = jnp.concatenate([jnp.arange(n, dtype=jnp.int32), node_at_slot, jnp.array([m], jnp.int32)])
+    root = jnp.argmin(parent)  # the only negative entry
+    return Schedule(children, layout, steps.astype(jnp.int32), offsets.astype(jnp.int32),
+                    slot[root], widths, n)
+
+
+def binarize(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
+    """Kernel parent array of a topology, and per kernel node the user node whose branch it takes (-1: none)."""
     n = topology.num_tips
     kernel_parent: list[int] = [-1] * n
     user_of: list[int] = list(range(n))
@@ -79,67 +166,26 @@ def _binarize(topology: Topology):
         for k in kids:
             kernel_parent[k] = new
         kernel_of[node] = new
-    return np.asarray(kernel_parent), np.asarray(user_of)
+    if len(kernel_parent) != max(2 * n - 1, 1):
+        raise ValueError("a binarized tree must have 2N-1 nodes")
+    return np.asarray(kernel_parent, np.int32), np.asarray(user_of, np.int32)
+
+
+def branch_index(topology: Topology) -> np.ndarray:
+    """Which entry of the user's branch lengths each kernel node (and the sentinel) takes; `num_nodes` means zero."""
+    _, user_of = binarize(topology)
+    index = np.where(user_of >= 0, user_of, topology.num_nodes)
+    return np.append(index, topology.num_nodes).astype(np.int32)
 
 
 def build_schedule(topology: Topology, max_width: int | None = None) -> Schedule:
-    """The schedule of `topology`, steps at most `max_width` nodes wide (cached: topologies are hashable)."""
+    """The schedule of one topology (a batch of one), steps at most `max_width` nodes wide (cached)."""
     return _cached_schedule(topology, max_width)
 
 
 @lru_cache(maxsize=256)
 def _cached_schedule(topology: Topology, max_width: int | None) -> Schedule:
-    n = topology.num_tips
-    parent, user_of = _binarize(topology)
-    num_kernel = 2 * n - 1
-    assert len(parent) == num_kernel, "binarized tree must have 2N-1 nodes"
-    sentinel = num_kernel
-
-    kids = np.full((num_kernel + 1, 2), sentinel, np.int64)
-    filled = np.zeros(num_kernel + 1, np.int64)
-    for node, up in enumerate(parent):
-        if up >= 0:
-            kids[up, filled[up]] = node
-            filled[up] += 1
-    level = np.zeros(num_kernel, np.int64)
-    for node in range(n, num_kernel):
-        level[node] = 1 + max(level[kids[node, 0]], level[kids[node, 1]])
-
-    widths = phase_widths(n, max_width)
-    internal = np.arange(n, num_kernel)
-    by_level = [internal[level[n:] == lv] for lv in range(1, level.max() + 1)] if n > 1 else []
-    slots: list[np.ndarray] = []
-    steps = np.zeros(len(widths), np.int64)
-    offsets = np.zeros(len(widths), np.int64)
-    phase, used = 0, 0
-    for members in by_level:
-        while phase + 1 < len(widths) and widths[phase + 1] >= len(members):
-            phase += 1
-            offsets[phase] = used
-        w = widths[phase]
-        count = -(-len(members) // w)
-        padded = np.full(count * w, sentinel, np.int64)
-        padded[: len(members)] = members
-        slots.append(padded)
-        steps[phase] += count
-        used += count * w
-    for later in range(phase + 1, len(widths)):
-        offsets[later] = used
-    capacity = 2 * max(n - 1, 1) + widths[0]  # every level pads to < 2x its width
-    nodes = np.full(capacity, sentinel, np.int64)
-    if slots:
-        flat = np.concatenate(slots)
-        nodes[: len(flat)] = flat
-
-    num_user = topology.num_nodes
-    branch_index = np.where(user_of >= 0, user_of, num_user)
-    branch_index = np.append(branch_index, num_user)  # the sentinel's branch: zero length
-    return Schedule(
-        nodes=nodes.astype(np.int32),
-        children=kids[nodes].astype(np.int32),
-        steps=steps.astype(np.int32),
-        offsets=offsets.astype(np.int32),
-        branch_index=branch_index.astype(np.int32),
-        widths=widths,
-        num_tips=n,
-    )
+    parent, _ = binarize(topology)
+    widths = phase_widths(topology.num_tips, max_width)
+    with jax.ensure_compile_time_eval():  # concrete arrays even when called while tracing
+        return jax.device_get(device_schedule(jnp.asarray(parent)[None], widths))

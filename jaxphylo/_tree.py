@@ -8,7 +8,7 @@ from functools import cached_property
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Float, Int
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,3 +83,94 @@ class Tree(eqx.Module):
     @property
     def tree_length(self):
         return jnp.sum(self.branch_lengths)
+
+
+class TreeBatch(eqx.Module):
+    """A batch of binary rooted trees over the same taxa, as device arrays ("kernel form").
+
+    `parents[b, k]` is the parent of node `k` of tree `b` (tips `0..N-1` in the
+    order of `taxa`, `M = 2N-1` nodes, the root's parent `-1`; internal nodes
+    may be numbered in any order, as topology moves leave them), and
+    `branch_lengths[b, k]` the length of the branch above `k` (the root's unused).
+    Unrooted trees are stored rooted on a branch: for reversible models the
+    root position does not change the likelihood, and `to_trees(rooted=False)`
+    merges the root away again. Topology and lengths are both data, so the
+    likelihood of any batch of the same size runs one compiled program.
+    """
+
+    parents: Int[Array, "batch nodes"]
+    branch_lengths: Float[Array, "batch nodes"]
+    taxa: tuple[str, ...] = eqx.field(static=True)
+
+    @classmethod
+    def from_trees(cls, trees: "list[Tree]") -> "TreeBatch":
+        """Stack trees over the same taxa (any tip order, polytomies resolved by zero-length branches)."""
+        from ._schedule import binarize  # the schedule module sits above this one
+
+        taxa = trees[0].taxa
+        position = {t: i for i, t in enumerate(taxa)}
+        parents, lengths = [], []
+        for tree in trees:
+            if set(tree.taxa) != set(taxa) or len(tree.taxa) != len(taxa):
+                raise ValueError("every tree of a batch must have the same taxa")
+            parent, user_of = binarize(tree.topology)
+            n = tree.num_tips
+            rename = np.arange(len(parent))
+            rename[:n] = [position[t] for t in tree.taxa]
+            renamed = np.full(len(parent), -1, np.int32)
+            renamed[rename] = np.where(parent >= 0, rename[np.maximum(parent, 0)], -1)
+            user_lengths = np.append(np.asarray(tree.branch_lengths, float), 0.0)
+            kernel_lengths = np.zeros(len(parent))
+            kernel_lengths[rename] = user_lengths[np.where(user_of >= 0, user_of, len(user_lengths) - 1)]
+            kernel_lengths[rename[parent < 0]] = 0.0
+            parents.append(renamed)
+            lengths.append(kernel_lengths)
+        return cls(jnp.asarray(np.stack(parents)), jnp.asarray(np.stack(lengths)), tuple(taxa))
+
+    @property
+    def num_tips(self) -> int:
+        return len(self.taxa)
+
+    def __len__(self) -> int:
+        return self.parents.shape[0]
+
+    def to_trees(self, rooted: bool = False) -> "list[Tree]":
+        """Back to `Tree`s (on the host); unrooted (the default) with a trifurcating root again."""
+        parents, lengths = np.asarray(self.parents), np.asarray(self.branch_lengths)
+        return [_tree_from_kernel(p, l, self.taxa, rooted) for p, l in zip(parents, lengths)]
+
+
+def _tree_from_kernel(parent: np.ndarray, lengths: np.ndarray, taxa, rooted: bool) -> Tree:
+    """A `Tree` (children before parents, root last) from a kernel-form parent array."""
+    n = len(taxa)
+    parent, lengths = parent.copy(), lengths.astype(float).copy()
+    root = int(np.argmin(parent))
+    if not rooted and n > 2:  # merge the root into an internal child: the two root branches become one
+        kids = [k for k in np.flatnonzero(parent == root)]
+        keep = max(kids, key=lambda k: (k >= n, k))  # an internal child if there is one
+        other = kids[0] if kids[1] == keep else kids[1]
+        parent[other], lengths[other] = keep, lengths[other] + lengths[keep]
+        parent[keep], lengths[keep] = -1, 0.0
+        parent[root] = -2  # removed
+        root = keep
+    children: dict[int, list[int]] = {}
+    for node, up in enumerate(parent):
+        if up >= 0:
+            children.setdefault(int(up), []).append(node)
+    order, stack = [], [(root, False)]
+    while stack:  # iterative post-order
+        node, done = stack.pop()
+        if done or node < n:
+            order.append(node)
+            continue
+        stack.append((node, True))
+        stack.extend((k, False) for k in reversed(children.get(node, [])))
+    internal = [k for k in order if k >= n]
+    new_id = {k: k for k in range(n)} | {k: n + i for i, k in enumerate(internal)}
+    new_parent = [0] * (n + len(internal))
+    new_lengths = np.zeros(n + len(internal))
+    for node in order:
+        up = parent[node]
+        new_parent[new_id[node]] = new_id[int(up)] if up >= 0 else -1
+        new_lengths[new_id[node]] = lengths[node] if up >= 0 else 0.0
+    return Tree(jnp.asarray(new_lengths), Topology(tuple(new_parent), tuple(taxa), rooted))

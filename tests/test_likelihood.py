@@ -9,6 +9,7 @@ import scipy.linalg
 
 import jaxphylo as jp
 from conftest import internal_state_terms, iqtree_log_likelihood, write_fasta
+from jaxphylo.likelihood._peeling import step_buckets
 
 
 def brute_force_log_likelihood(alignment, tree, model):
@@ -101,31 +102,52 @@ def test_models_are_pytrees_with_float_leaves():
     assert [x.shape for x in jax.tree_util.tree_leaves(tree)] == [(5,)]
 
 
-def test_twenty_topologies_share_one_compilation():
-    taxa = [f"t{i}" for i in range(64)]
-    model = jp.parse_model("HKY{2}+F{.3,.2,.2,.3}+G4{0.5}")
-    alignment = jp.simulate(jp.random_topology_tree(taxa, seed=0), model, 200, seed=0)
+def _count_compilations():
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
         lambda name, *_, **__: compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None)
-    values = []
-    for seed in range(20):
-        tree = jp.random_topology_tree(taxa, seed=seed)
-        values.append(float(jp.log_likelihood(alignment, tree, model)))
-    # the first call compiles the kernel (and a few small helper ops); the other 19 reuse it
-    first = len(compiles)
-    assert len(set(jp.build_schedule(jp.random_topology_tree(taxa, seed=s).topology).steps.tobytes()
-                   for s in range(20))) > 1, "topologies should differ in their level structure"
+    return compiles
+
+
+def test_twenty_topologies_compile_once_per_step_bucket():
+    """Level loops get static lengths rounded up to buckets: one compilation per bucket, not per topology."""
+    taxa = [f"t{i}" for i in range(64)]
+    model = jp.parse_model("HKY{2}+F{.3,.2,.2,.3}+G4{0.5}")
+    alignment = jp.simulate(jp.random_topology_tree(taxa, seed=0), model, 200, seed=0)
+    trees = [jp.random_topology_tree(taxa, seed=seed) for seed in range(20)]
+    jp.log_likelihood(alignment, trees[0], model)  # compiles the kernel and the small helper ops
+    compiles = _count_compilations()
+    values = [float(jp.log_likelihood(alignment, tree, model)) for tree in trees]
+    steps = {np.asarray(jp.build_schedule(tree.topology).steps).tobytes() for tree in trees}
+    buckets = {step_buckets(jp.build_schedule(tree.topology)) for tree in trees}
     assert len(np.unique(values)) == 20
-    assert first <= 3, compiles
-    compiles.clear()
-    for seed in range(20, 25):
-        jp.log_likelihood(alignment, jp.random_topology_tree(taxa, seed=seed), model)
+    assert len(steps) > 10 and len(buckets) <= 2, (len(steps), buckets)
+    assert len(compiles) <= len(buckets) - 1, (len(compiles), buckets)
+
+
+def test_batches_of_trees_share_one_compilation_and_match_single_trees():
+    """A `TreeBatch` of 4 random topologies per call, 5 calls: one compilation, values equal one-tree calls."""
+    taxa = [f"t{i}" for i in range(40)]
+    model = jp.parse_model("GTR{1,2,3,1.5,2.5}+F{.3,.2,.2,.3}+I{0.1}+G4{0.5}")
+    alignment = jp.simulate(jp.random_topology_tree(taxa, seed=0), model, 150, seed=0, missing=0.05)
+    trees = [jp.random_topology_tree(taxa, seed=s) for s in range(19)]
+    trees.insert(3, jp.bionj(jp.distances(alignment, "jc69"), alignment.taxa))  # unrooted: a trifurcating root
+    data = jp.likelihood.pattern_data(alignment, jp.TreeBatch.from_trees(trees[:1]))
+    evaluate = jax.jit(lambda batch: jp.likelihood.batch_data_log_likelihoods(data, batch, model))
+    evaluate(jp.TreeBatch.from_trees(trees[:4]))
+    compiles = _count_compilations()
+    values = np.concatenate([evaluate(jp.TreeBatch.from_trees(trees[i:i + 4])) for i in range(0, 20, 4)])
     assert compiles == []
+    expected = [float(jp.log_likelihood(alignment, tree, model)) for tree in trees]
+    np.testing.assert_allclose(values, expected, rtol=1e-12)
+    unrooted = jp.TreeBatch.from_trees(trees[3:4]).to_trees()[0]
+    assert not unrooted.topology.rooted and len(unrooted.topology.children[-1]) == 3
+    assert float(jp.log_likelihood(alignment, unrooted, model)) == pytest.approx(expected[3], rel=1e-12)
 
 
 @pytest.mark.parametrize("max_width", [None, 8])
 def test_schedule_covers_every_internal_node_once(max_width):
+    """Every internal node gets one slot; children come from earlier steps; steps write contiguous rows."""
     for shape in ["random", "caterpillar"]:
         taxa = [f"t{i}" for i in range(300)]
         if shape == "random":
@@ -133,15 +155,43 @@ def test_schedule_covers_every_internal_node_once(max_width):
         else:
             parent = [300 + max(i - 1, 0) for i in range(300)] + [300 + i + 1 for i in range(298)] + [-1]
             topology = jp.Topology(tuple(parent), tuple(taxa))
-        schedule = jp.build_schedule(topology, max_width)
+        schedule = jax.tree_util.tree_map(lambda x: np.asarray(x)[0], jp.build_schedule(topology, max_width))
         assert schedule.widths[0] <= (max_width or 256)
-        used = []
+        layout, slots = schedule.layout, len(schedule.children)
+        done = set(range(300))  # layout ids ready: the tips
         for j, width in enumerate(schedule.widths):
-            start = schedule.offsets[j]
-            used.extend(schedule.nodes[start:start + schedule.steps[j] * width])
-        real = [n for n in used if n != schedule.sentinel]
-        assert sorted(real) == list(range(300, 599))
-        assert len(used) <= 2 * 299 + schedule.widths[0]
+            for i in range(schedule.steps[j]):
+                block = range(schedule.offsets[j] + i * width, schedule.offsets[j] + (i + 1) * width)
+                for row in block:
+                    if layout[300 + row] < 599:
+                        assert set(schedule.children[row]) <= done, "a child is computed before its parent"
+                done |= {300 + row for row in block if layout[300 + row] < 599}
+        real = sorted(int(layout[i]) for i in done if i >= 300)
+        assert real == list(range(300, 599))
+        assert layout[300 + schedule.root_row] == 598
+        assert slots == 2 * 299 + schedule.widths[0]
+
+
+def test_device_schedule_matches_for_a_relabelled_tree():
+    """Internal node numbers are arbitrary in kernel parent arrays (as moves leave them): same likelihood."""
+    taxa = [f"t{i}" for i in range(30)]
+    tree = jp.random_topology_tree(taxa, seed=5)
+    model = jp.parse_model("HKY{2}+F{.3,.2,.2,.3}+G4{0.5}")
+    alignment = jp.simulate(tree, model, 100, seed=0)
+    batch = jp.TreeBatch.from_trees([tree])
+    rng = np.random.default_rng(0)
+    perm = np.arange(59)
+    perm[30:] = 30 + rng.permutation(29)
+    parents = np.asarray(batch.parents[0])
+    relabelled = np.full(59, -1)
+    relabelled[perm] = np.where(parents >= 0, perm[np.maximum(parents, 0)], -1)
+    lengths = np.zeros(59)
+    lengths[perm] = np.asarray(batch.branch_lengths[0])
+    shuffled = jp.TreeBatch(jnp.asarray(relabelled[None]), jnp.asarray(lengths[None]), batch.taxa)
+    expected = float(jp.log_likelihood(alignment, tree, model))
+    assert float(jp.log_likelihood(alignment, shuffled, model)[0]) == pytest.approx(expected, rel=1e-13)
+    back = shuffled.to_trees(rooted=True)[0]
+    assert float(jp.log_likelihood(alignment, back, model)) == pytest.approx(expected, rel=1e-13)
 
 
 @pytest.mark.slow

@@ -11,25 +11,29 @@ from .._errors import InputError
 from .._schedule import Schedule
 from .._tree import Tree
 from ..models import Model
-from ._api import PatternData, kernel_arrays, prepare
+from ._api import PatternData, kernel_arrays, layout_lengths, prepare, step_buckets
 from ._peeling import post_order_partials
 from ._preorder import marginals, pre_order_partials
 
 
 @eqx.filter_jit
-def _kernel_marginals(model: Model, branch_lengths, data: PatternData, schedule: Schedule, dtype):
-    transition, pi, weights, codes, table = kernel_arrays(model, branch_lengths, data, schedule, dtype)
-    post, _ = post_order_partials(transition, codes, table, schedule)
-    pre, _ = pre_order_partials(transition, pi, weights, post, codes, table, schedule)
-    return marginals(pre, post)[:-1]
+def _kernel_marginals(model: Model, branch_lengths, data: PatternData, schedule: Schedule, index, dtype, steps):
+    arrays = kernel_arrays(model, layout_lengths(branch_lengths, index, schedule), data, dtype)
+    transition, pi, weights, codes, table = arrays
+    post, _ = post_order_partials(transition, codes, table, schedule, steps)
+    pre, _ = pre_order_partials(transition, pi, weights, post, codes, table, schedule, static_steps=steps)
+    return marginals(pre, post)[0, :-1]
 
 
-def kernel_nodes_of(tree: Tree, schedule: Schedule) -> np.ndarray:
-    """The kernel node of every user node (-1 where a unifurcation was merged away)."""
-    index = np.asarray(schedule.branch_index[:-1])
-    kernel = np.full(tree.topology.num_nodes + 1, -1)
-    kernel[index] = np.arange(len(index))
-    return kernel[:-1]
+def slots_of(tree: Tree, schedule: Schedule, index: np.ndarray) -> np.ndarray:
+    """The schedule slot of every user node (-1 for tips and where a unifurcation was merged away)."""
+    layout = np.asarray(schedule.layout[0])
+    n = tree.num_tips
+    slot = np.full(tree.topology.num_nodes + 1, -1)
+    kernel_nodes = layout[n:n + schedule.num_slots]
+    real = kernel_nodes < len(index) - 1
+    slot[index[kernel_nodes[real]]] = np.flatnonzero(real)
+    return slot[:-1]
 
 
 def ancestral_marginals(
@@ -41,10 +45,11 @@ def ancestral_marginals(
     (codons for codon data); states follow `model.alphabet`. Rate categories are
     summed over: `sum_r q_k,r(x) p_k,r(x) / L_j`, with `q` the pre-order partials.
     """
-    data, schedule, dtype = prepare(alignment, tree, model, precision)
-    per_pattern = _kernel_marginals(model, tree.branch_lengths, data, schedule, dtype)
-    kernel = kernel_nodes_of(tree, schedule)[tree.num_tips:]
-    if (kernel < 0).any():
-        node = tree.num_tips + int(np.argmax(kernel < 0))
+    data, schedule, index, dtype = prepare(alignment, tree, model, precision)
+    slots = slots_of(tree, schedule, index)[tree.num_tips:]
+    if (slots < 0).any():
+        node = tree.num_tips + int(np.argmax(slots < 0))
         raise InputError(f"internal node {node} has a single child; remove unifurcations first")
-    return per_pattern[kernel - tree.num_tips][:, alignment.site_patterns().site_pattern]
+    per_pattern = _kernel_marginals(model, tree.branch_lengths, data, schedule, index, dtype,
+                         step_buckets(schedule))
+    return per_pattern[slots][:, alignment.site_patterns().site_pattern]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -10,10 +12,12 @@ from jaxtyping import Array, Float, Int
 
 from .._alignment import Alignment
 from .._errors import InputError, ModelError
-from .._schedule import Schedule, build_schedule
-from .._tree import Tree
+from .._schedule import Schedule, branch_index, build_schedule, device_schedule, phase_widths
+from .._tree import Tree, TreeBatch
 from ..models import Model
-from . import _kernel, _peeling
+from . import _kernel as _kernel_module
+from . import _peeling
+from ._peeling import step_buckets
 
 PRECISIONS = {"float64": jnp.float64, "float32": jnp.float32}
 
@@ -54,7 +58,7 @@ def _check_taxa(alignment: Alignment, tree: Tree) -> None:
         raise InputError(f"{alignment.source}: taxon {only[0]!r} is in the alignment but not in the tree")
 
 
-def _check_inputs(alignment: Alignment, tree: Tree, model: Model) -> None:
+def _check_inputs(alignment: Alignment, tree: Tree | TreeBatch, model: Model) -> None:
     if model.alphabet != alignment.alphabet:
         raise ModelError(
             f"{alignment.source}: the model is for {model.alphabet.name} data "
@@ -62,61 +66,101 @@ def _check_inputs(alignment: Alignment, tree: Tree, model: Model) -> None:
         )
     lengths = tree.branch_lengths
     if not isinstance(lengths, jax.core.Tracer):
-        bad = ~np.isfinite(np.asarray(lengths)) | (np.asarray(lengths) < 0)
+        lengths = np.atleast_2d(np.asarray(lengths))
+        bad = ~np.isfinite(lengths) | (lengths < 0)
         if bad.any():
-            node = int(np.argmax(bad))
+            which, node = np.unravel_index(np.argmax(bad), bad.shape)
             where = f"taxon {tree.taxa[node]!r}" if node < tree.num_tips else f"internal node {node}"
-            raise InputError(f"branch length {float(lengths[node])} above {where} is negative or not finite")
-
-
-def kernel_branch_lengths(branch_lengths: Float[Array, " nodes"], schedule: Schedule) -> Float[Array, " kernel"]:
-    """Branch length of every kernel node (zero for resolved polytomies, root, sentinel)."""
-    padded = jnp.concatenate([branch_lengths, jnp.zeros(1, branch_lengths.dtype)])
-    return padded[schedule.branch_index]
+            of = f" of tree {which}" if isinstance(tree, TreeBatch) else ""
+            raise InputError(f"branch length {float(lengths[which, node])} above {where}{of} is negative or not finite")
 
 
 METHODS = ("preorder", "autodiff")
 
 
-def kernel_arrays(model: Model, branch_lengths, data: PatternData, schedule: Schedule, dtype):
-    """What the kernels take: `(P, pi, w, tip codes, tip table)` in the working precision."""
-    transition = model.transition_matrices(kernel_branch_lengths(branch_lengths, schedule))
+def kernel_arrays(model: Model, layout_lengths: Float[Array, "B ids"], data: PatternData, dtype):
+    """What the kernels take: `(P in layout order, pi, w, tip codes, tip table)` in the working precision.
+
+    Transition matrices (and the model's eigensystem) are computed in the
+    model's own precision (float64 by default) and then cast: they are small.
+    """
+    batch, ids = layout_lengths.shape
+    transition = model.transition_matrices(layout_lengths.reshape(-1))
+    transition = transition.reshape((batch, ids) + transition.shape[1:])
     _, weights = model.rate_categories()
     return (
         transition.astype(dtype),
-        model.frequencies.astype(dtype),
-        weights.astype(dtype),
+        jnp.broadcast_to(model.frequencies.astype(dtype), (batch,) + model.frequencies.shape),
+        jnp.broadcast_to(weights.astype(dtype), (batch,) + weights.shape),
         data.tip_codes,
         data.tip_table.astype(dtype),
     )
 
 
+def layout_lengths(branch_lengths: Float[Array, " nodes"], index, schedule: Schedule) -> Float[Array, "1 ids"]:
+    """Branch length at every layout id of a one-tree schedule (zero for resolved polytomies, root, padding)."""
+    padded = jnp.concatenate([branch_lengths, jnp.zeros(1, branch_lengths.dtype)])
+    return padded[index][schedule.layout]
+
+
+def batch_layout_lengths(branch_lengths: Float[Array, "B M"], schedule: Schedule) -> Float[Array, "B ids"]:
+    padded = jnp.concatenate([branch_lengths, jnp.zeros_like(branch_lengths[:, :1])], axis=1)
+    return jnp.take_along_axis(padded, schedule.layout, axis=1)
+
+
+def _kernel(arrays, schedule, static_steps, autodiff=False):
+    # A schedule closed over by an outer jit is a constant: XLA would then unroll the level loops and
+    # constant-fold the first steps (seconds of compile time, and a program per topology). Keep it opaque.
+    schedule = jax.lax.optimization_barrier(schedule)
+    with jax.default_matmul_precision("highest"):
+        if autodiff:
+            return _peeling.pattern_log_likelihoods(*arrays, schedule, static_steps)
+        return _kernel_module.pattern_log_likelihoods(*arrays, schedule, static_steps)
+
+
 @eqx.filter_jit
-def _pattern_log_likelihoods(model: Model, branch_lengths, data: PatternData, schedule: Schedule, dtype,
-                             static_steps=None):
-    """`static_steps=None`: the custom-VJP kernel; a tuple: plain autodiff through fixed-length loops."""
-    arrays = kernel_arrays(model, branch_lengths, data, schedule, dtype)
-    if static_steps is None:
-        return _kernel.pattern_log_likelihoods(*arrays, schedule)
-    return _peeling.pattern_log_likelihoods(*arrays, schedule, static_steps)
+def _pattern_log_likelihoods(model: Model, branch_lengths, data: PatternData, schedule: Schedule, index, dtype,
+                             static_steps=None, autodiff=False):
+    """The custom-VJP kernel, or with `autodiff` plain autodiff through fixed-length loops (`static_steps`)."""
+    arrays = kernel_arrays(model, layout_lengths(branch_lengths, index, schedule), data, dtype)
+    return _kernel(arrays, schedule, static_steps, autodiff)[0]
+
+
+@eqx.filter_jit
+def _batch_pattern_log_likelihoods(model: Model, parents, branch_lengths, data: PatternData, widths, dtype,
+                                   static_steps):
+    """`[B, patterns]`: the schedule is built on the device, so topologies are data (one program per step bucket)."""
+    schedule = device_schedule(parents, widths)
+    arrays = kernel_arrays(model, batch_layout_lengths(branch_lengths, schedule), data, dtype)
+    return _kernel(arrays, schedule, static_steps)
 
 
 STEP_BYTES = 1 << 28  # cap on one `[width, C, P, S]` temporary of a level step
 
 
-def schedule_for(tree: Tree, model: Model, data: PatternData, dtype) -> Schedule:
-    """The tree's schedule, with steps narrow enough that one step's arrays stay near `STEP_BYTES`."""
+def max_step_width(model: Model, data: PatternData, dtype, batch: int = 1) -> int:
+    """Widest step whose `[batch, width, C, P, S]` temporaries stay near `STEP_BYTES`."""
     _, weights = jax.eval_shape(model.rate_categories)
     node_bytes = weights.shape[0] * data.tip_codes.shape[1] * data.tip_table.shape[1] * jnp.dtype(dtype).itemsize
-    return build_schedule(tree.topology, max(1, STEP_BYTES // node_bytes))
+    return max(1, STEP_BYTES // (batch * node_bytes))
+
+
+def schedule_for(tree: Tree, model: Model, data: PatternData, dtype) -> Schedule:
+    """The tree's schedule, with steps narrow enough that one step's arrays stay near `STEP_BYTES`."""
+    return build_schedule(tree.topology, max_step_width(model, data, dtype))
+
+
+@lru_cache(maxsize=256)
+def _branch_index(topology) -> np.ndarray:
+    return branch_index(topology)
 
 
 def prepare(alignment: Alignment, tree: Tree, model: Model, precision: str, method: str = "preorder"):
-    """Validate the inputs, then `(pattern data, schedule, dtype)`."""
+    """Validate the inputs, then `(pattern data, schedule, branch index, dtype)`."""
     _check_inputs(alignment, tree, model)
     _check_options(precision, method)
     data, dtype = pattern_data(alignment, tree), PRECISIONS[precision]
-    return data, schedule_for(tree, model, data, dtype), dtype
+    return data, schedule_for(tree, model, data, dtype), _branch_index(tree.topology), dtype
 
 
 def _check_options(precision: str, method: str) -> None:
@@ -127,15 +171,21 @@ def _check_options(precision: str, method: str) -> None:
 
 
 def data_log_likelihood(data: PatternData, tree: Tree, model: Model, *, precision: str = "float64") -> Float[Array, ""]:
-    """`log L` of pattern data already laid out for `tree` by `pattern_data` (a pytree, so it may be a jit argument)."""
+    """`log L` of pattern data already laid out for `tree` by `pattern_data` (a pytree, so it may be a jit argument).
+
+    A `TreeBatch` gives `[B]` (see `batch_data_log_likelihoods`).
+    """
     _check_options(precision, "preorder")
+    if isinstance(tree, TreeBatch):
+        return batch_data_log_likelihoods(data, tree, model, precision=precision)
     states = jax.eval_shape(lambda: model.frequencies).shape[-1]
     if data.tip_codes.shape[0] != tree.num_tips + 1 or data.tip_table.shape[-1] != states:
         raise InputError(f"pattern data for {data.tip_codes.shape[0] - 1} tips and {data.tip_table.shape[-1]} states "
                          f"do not fit a tree of {tree.num_tips} tips and a model of {states} states")
     dtype = PRECISIONS[precision]
     schedule = schedule_for(tree, model, data, dtype)
-    per_pattern = _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, dtype)
+    per_pattern = _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, _branch_index(tree.topology),
+                                           dtype, step_buckets(schedule))
     return jnp.sum(data.weights * per_pattern)
 
 
@@ -149,14 +199,48 @@ def pattern_log_likelihoods(
     JAX differentiate the post-order pass itself, storing every level (for
     comparison: slower, and far hungrier for memory).
     """
-    data, schedule, dtype = prepare(alignment, tree, model, precision, method)
-    static_steps = tuple(int(k) for k in schedule.steps) if method == "autodiff" else None
-    return _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, dtype, static_steps)
+    if isinstance(tree, TreeBatch):
+        return _batch_pattern_log_likelihoods_checked(alignment, tree, model, precision, method)
+    data, schedule, index, dtype = prepare(alignment, tree, model, precision, method)
+    return _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, index, dtype,
+                                    step_buckets(schedule), method == "autodiff")
 
 
 def log_likelihood(
     alignment: Alignment, tree: Tree, model: Model, *, precision: str = "float64", method: str = "preorder"
 ) -> Float[Array, ""]:
-    """`log L = sum_c weight_c log L_c`: the log-likelihood of the alignment (see `pattern_log_likelihoods`)."""
+    """`log L = sum_c weight_c log L_c`: the log-likelihood of the alignment (see `pattern_log_likelihoods`).
+
+    `tree` may be a `TreeBatch`: then `[B]`, every tree in one call.
+    """
     per_pattern = pattern_log_likelihoods(alignment, tree, model, precision=precision, method=method)
-    return jnp.sum(alignment.site_patterns().weights * per_pattern)
+    return jnp.sum(alignment.site_patterns().weights * per_pattern, axis=-1)
+
+
+def _batch_pattern_log_likelihoods_checked(alignment, trees: TreeBatch, model, precision, method):
+    if method != "preorder":
+        raise ModelError("a batch of trees is differentiated by the pre-order pass only (method='preorder')")
+    _check_options(precision, method)
+    _check_inputs(alignment, trees, model)
+    data, dtype = pattern_data(alignment, trees), PRECISIONS[precision]
+    return batch_data_log_likelihoods(data, trees, model, precision=precision, per_pattern=True)
+
+
+def batch_data_log_likelihoods(data: PatternData, trees: TreeBatch, model: Model, *, precision: str = "float64",
+                               per_pattern: bool = False) -> Float[Array, "B *patterns"]:
+    """`log L` of every tree of a batch (`[B]`, or `[B, patterns]` with `per_pattern`), one call.
+
+    `data` must be laid out for `trees.taxa` (`pattern_data(alignment, trees)`).
+    Differentiable in the branch lengths and the model by the pre-order pass.
+    Called with concrete topologies, the level loops get static lengths rounded
+    up to buckets (`step_buckets`: a few compiled programs serve every
+    topology); called inside jit, where topologies are traced (moves on the
+    device), the loop lengths are data and one program serves all.
+    """
+    dtype = PRECISIONS[precision]
+    widths = phase_widths(trees.num_tips, max_step_width(model, data, dtype, len(trees)))
+    static_steps = None
+    if not isinstance(trees.parents, jax.core.Tracer):
+        static_steps = step_buckets(device_schedule(trees.parents, widths))
+    per = _batch_pattern_log_likelihoods(model, trees.parents, trees.branch_lengths, data, widths, dtype, static_steps)
+    return per if per_pattern else jnp.sum(per * data.weights.astype(per.dtype), axis=-1)

@@ -18,26 +18,28 @@ from .._alignment import Alignment
 from .._schedule import Schedule
 from .._tree import Tree
 from ..models import Model
-from ._api import PatternData, kernel_arrays, prepare
-from ._peeling import post_order_partials
+from ._api import PatternData, kernel_arrays, layout_lengths, prepare, step_buckets
+from ._peeling import HIGHEST, post_order_partials
 from ._preorder import branch_derivative_visitor, pre_order_partials
 
 
 @eqx.filter_jit
-def _kernel_derivatives(model: Model, branch_lengths, data: PatternData, schedule: Schedule, dtype):
-    transition, pi, weights, codes, table = kernel_arrays(model, branch_lengths, data, schedule, dtype)
+def _kernel_derivatives(model: Model, branch_lengths, data: PatternData, schedule: Schedule, index, dtype, steps):
+    lengths = layout_lengths(branch_lengths, index, schedule)
+    transition, pi, weights, codes, table = kernel_arrays(model, lengths, data, dtype)
     rates, _ = model.rate_categories()
     q = model.substitution.rate_matrix().astype(dtype)
-    rates = rates.astype(dtype)[None, :, None, None]
-    first_matrices = rates * jnp.einsum("ij,bcjk->bcik", q, transition)
-    second_matrices = rates * jnp.einsum("ij,bcjk->bcik", q, first_matrices)
-    post, _ = post_order_partials(transition, codes, table, schedule)
+    rates = rates.astype(dtype)[None, None, :, None, None]
+    first_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, transition, precision=HIGHEST)
+    second_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, first_matrices, precision=HIGHEST)
+    post, _ = post_order_partials(transition, codes, table, schedule, steps)
     visit = branch_derivative_visitor(first_matrices, second_matrices, data.weights.astype(dtype))
-    zeros = jnp.zeros(transition.shape[0], dtype)
-    _, (first, second) = pre_order_partials(transition, pi, weights, post, codes, table, schedule, visit, (zeros, zeros))
-    # Back from kernel nodes to the tree's branches: the transpose of `kernel_branch_lengths`.
+    zeros = jnp.zeros(lengths.shape, dtype)
+    _, (first, second) = pre_order_partials(transition, pi, weights, post, codes, table, schedule, visit, (zeros, zeros),
+                                         steps)
+    # Back from layout ids to the tree's branches: the transpose of `layout_lengths`.
     num_branches = branch_lengths.shape[0]
-    to_tree = lambda kernel: jnp.zeros(num_branches + 1, dtype).at[schedule.branch_index].add(kernel)[:-1]
+    to_tree = lambda per_id: jnp.zeros(num_branches + 1, dtype).at[jnp.asarray(index)[schedule.layout[0]]].add(per_id[0])[:-1]
     return to_tree(first), to_tree(second)
 
 
@@ -49,5 +51,6 @@ def branch_length_derivatives(
     The root's entries are zero. Both come from one post-order and one pre-order
     pass, linear in the number of taxa.
     """
-    data, schedule, dtype = prepare(alignment, tree, model, precision)
-    return _kernel_derivatives(model, tree.branch_lengths, data, schedule, dtype)
+    data, schedule, index, dtype = prepare(alignment, tree, model, precision)
+    return _kernel_derivatives(model, tree.branch_lengths, data, schedule, index, dtype,
+                           step_buckets(schedule))

@@ -11,50 +11,56 @@ for plain reverse-mode autodiff.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._schedule import Schedule
-from ._peeling import log_likelihoods_from, post_order_partials, root_likelihoods
+from ._peeling import HIGHEST, log_likelihoods_from, post_order_partials, root_likelihoods
 from ._preorder import pre_order_partials, transition_cotangent_visitor
 
 
-@jax.custom_vjp
+@partial(jax.custom_vjp, nondiff_argnums=(6,))
 def pattern_log_likelihoods(
-    transition: Float[Array, "kernel_nodes C S S"],
-    root_frequencies: Float[Array, " S"],
-    category_weights: Float[Array, " C"],
+    transition: Float[Array, "B ids C S S"],
+    root_frequencies: Float[Array, "B S"],
+    category_weights: Float[Array, "B C"],
     tip_codes: Int[Array, "tips_plus_one patterns"],
     tip_table: Float[Array, "codes S"],
     schedule: Schedule,
-) -> Float[Array, " patterns"]:
-    """`log L_c` for every site pattern; `jax.grad` runs the pre-order pass."""
-    return _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule)[0]
+    static_steps: tuple[int, ...] | None = None,
+) -> Float[Array, "B patterns"]:
+    """`log L_c` for every tree of the batch and site pattern; `jax.grad` runs the pre-order pass.
+
+    `static_steps` (from `step_buckets`) fixes the loop lengths at compile time; None reads them from the schedule.
+    """
+    return _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, static_steps)[0]
 
 
-def _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule):
-    partials, log_scales = post_order_partials(transition, tip_codes, tip_table, schedule)
-    log_likelihoods = log_likelihoods_from(partials, log_scales, root_frequencies, category_weights)
+def _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, static_steps=None):
+    partials, log_scales = post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
+    log_likelihoods = log_likelihoods_from(partials, log_scales, root_frequencies, category_weights, schedule)
     return log_likelihoods, (transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, partials)
 
 
-def _backward(residuals, pattern_cotangent):
+def _backward(static_steps, residuals, pattern_cotangent):
     transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, partials = residuals
     num_tips, patterns = tip_codes.shape[0] - 1, tip_codes.shape[1]
     states = tip_table.shape[1]
-    visit = transition_cotangent_visitor(pattern_cotangent, tip_codes)
-    start = (jnp.zeros_like(transition), jnp.zeros((num_tips + 1, patterns, states), transition.dtype))
+    visit = transition_cotangent_visitor(pattern_cotangent, num_tips)
+    start = (jnp.zeros_like(transition), jnp.zeros((transition.shape[0], num_tips + 1, patterns, states), transition.dtype))
     _, (d_transition, d_tips) = pre_order_partials(
-        transition, root_frequencies, category_weights, partials, tip_codes, tip_table, schedule, visit, start
-    )
-    root = partials[num_tips - 2]
-    ratio = pattern_cotangent / root_likelihoods(partials, root_frequencies, category_weights)
-    d_root = jnp.einsum("p,c,cps->s", ratio, category_weights, root)
-    d_weights = jnp.einsum("p,s,cps->c", ratio, root_frequencies, root)
+        transition, root_frequencies, category_weights, partials, tip_codes, tip_table, schedule, visit, start,
+        static_steps)
+    root = jax.vmap(lambda buffer, r: buffer[r])(partials, schedule.root_row)
+    ratio = pattern_cotangent / root_likelihoods(partials, root_frequencies, category_weights, schedule)
+    d_root = jnp.einsum("bp,bc,bcps->bs", ratio, category_weights, root, precision=HIGHEST)
+    d_weights = jnp.einsum("bp,bs,bcps->bc", ratio, root_frequencies, root, precision=HIGHEST)
     d_table = jax.ops.segment_sum(
-        d_tips[:num_tips].reshape(-1, states), tip_codes[:num_tips].reshape(-1), num_segments=tip_table.shape[0]
-    )
+        jnp.sum(d_tips[:, :num_tips], axis=0).reshape(-1, states), tip_codes[:num_tips].reshape(-1),
+        num_segments=tip_table.shape[0])
     return d_transition, d_root, d_weights, None, d_table, None
 
 

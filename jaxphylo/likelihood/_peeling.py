@@ -1,28 +1,31 @@
-"""Felsenstein's post-order peeling over a level schedule.
+"""Felsenstein's post-order peeling over a level schedule, for a batch of trees.
 
 For internal node k with children i, j, in every rate category and pattern:
 `p_k = (P_i p_i) * (P_j p_j)`. A tip's `p_i` is its row of the 0/1 tip table,
-so ambiguity codes cost nothing extra; tips and internal children of one step
-go through the same product (computing a tip's message as a gather instead and
-selecting between the two read every child twice). After each node, partials
-are divided by their maximum over categories and states per pattern, and the
-log of that factor is kept: the likelihood is then
+so ambiguity codes cost nothing extra. After each node, partials are divided
+by their maximum over categories and states per pattern, and the log of that
+factor is kept: the likelihood is then
 `log L_c = log(sum_r w_r pi^T p_root,r,c) + sum_k log scale_k,c`.
 
-Buffers hold internal nodes only (row = kernel node - N), plus one sentinel
-row of ones that padded slots read and write.
+Buffers are `[batch, slots + 1, C, patterns, S]`: row `r` holds slot `r` of
+the schedule and the last row is the sentinel's ones, so a step reads its
+children by gather and writes one contiguous block of rows in place.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from .._schedule import Schedule
+from .._schedule import Schedule, device_schedule
 
 SMALL_STATE_SPACE = 8  # below this, P x as a broadcast multiply-add beats a batched matmul
+HIGHEST = lax.Precision.HIGHEST  # full float32 products on GPUs too (TF32 would lose three digits)
 
 
 def apply_transition(
@@ -31,21 +34,22 @@ def apply_transition(
     """`(P x)_i = sum_j P_ij x_j` for every pattern."""
     if p.shape[-1] <= SMALL_STATE_SPACE:
         return jnp.sum(p[..., None, :, :] * x[..., :, None, :], axis=-1)
-    return jnp.einsum("...cij,...cpj->...cpi", p, x)
+    return jnp.einsum("...cij,...cpj->...cpi", p, x, precision=HIGHEST)
 
 
 def child_partials(
-    children: Int[Array, "W 2"],
-    partials: Float[Array, "rows C patterns S"],
+    children: Int[Array, "B W 2"],
+    partials: Float[Array, "B rows C patterns S"],
     tip_codes: Int[Array, "tips_plus_one patterns"],
     tip_table: Float[Array, "codes S"],
-) -> Float[Array, "W 2 C patterns S"]:
+) -> Float[Array, "B W 2 C patterns S"]:
     """Rescaled partials `p_child`: a tip's 0/1 vector, or an internal node's buffer row."""
     num_tips = tip_codes.shape[0] - 1
     is_tip = children < num_tips
-    internal = partials[jnp.where(is_tip, partials.shape[0] - 1, children - num_tips)]
+    rows = jnp.where(is_tip, partials.shape[1] - 1, children - num_tips)
+    internal = jax.vmap(lambda buffer, r: buffer[r])(partials, rows)
     tip = tip_table[tip_codes[jnp.where(is_tip, children, num_tips)]]
-    return jnp.where(is_tip[..., None, None, None], tip[:, :, None], internal)
+    return jnp.where(is_tip[..., None, None, None], tip[..., None, :, :], internal)
 
 
 def rescale(p: Float[Array, "*batch C patterns S"]):
@@ -55,72 +59,125 @@ def rescale(p: Float[Array, "*batch C patterns S"]):
     return p / scale[..., None, :, None], jnp.log(scale)
 
 
-def level_loop(schedule: Schedule, body, carry, static_steps=None, reverse=False):
-    """Run `body(carry, nodes, children)` over every step of the schedule.
+def gather_rows(buffer: Float[Array, "B rows *rest"], start: Int[Array, " B"], width: int):
+    """Rows `start .. start + width` of every tree's buffer."""
+    return jax.vmap(lambda b, s: lax.dynamic_slice_in_dim(b, s, width))(buffer, start)
 
-    Step counts are data (a while loop), so any topology of N taxa shares one
-    compiled program; `static_steps` gives Python counts instead, which plain
-    reverse-mode autodiff needs.
+
+def write_rows(buffer: Float[Array, "B rows *rest"], block, start: Int[Array, " B"]):
+    """Write a contiguous block of rows per tree (one in-place update when the batch is one tree)."""
+    if buffer.shape[0] == 1:
+        return lax.dynamic_update_slice_in_dim(buffer, block, start[0], axis=1)
+    return jax.vmap(lambda b, x, s: lax.dynamic_update_slice_in_dim(b, x, s, 0))(buffer, block, start)
+
+
+UNROLL_STEPS = 64  # unroll the level loops up to this many steps in all: no loop overhead, bounded compile time
+
+
+def level_loop(schedule: Schedule, body, carry, reverse=False, static_steps=None):
+    """Run `body(carry, start [B], real [B], width)` over every step of the schedule.
+
+    Trees of a batch share the loop: phase `j` runs the most steps any tree
+    needs. A tree with fewer steps spends the surplus recomputing its root's
+    block, which leaves every value as it was (`real` is False there, so that
+    accumulators can skip it). Step counts are data, so any topology of N
+    taxa shares one compiled program. `static_steps` gives Python counts
+    instead (at least the real ones; see `step_buckets`): then the loops are
+    unrolled when short, and plain reverse-mode autodiff can pass through them.
     """
+    unroll = static_steps is not None and sum(static_steps) <= UNROLL_STEPS
     phases = list(enumerate(schedule.widths))
     for j, width in reversed(phases) if reverse else phases:
-        num_steps = schedule.steps[j] if static_steps is None else static_steps[j]
+        steps = schedule.steps[:, j]
+        num_steps = jnp.max(steps) if static_steps is None else static_steps[j]
 
-        def step(i, carry, j=j, width=width, num_steps=num_steps):
+        def step(i, carry, j=j, width=width, steps=steps, num_steps=num_steps):
             i = num_steps - 1 - i if reverse else i
-            start = schedule.offsets[j] + i * width
-            nodes = lax.dynamic_slice_in_dim(schedule.nodes, start, width)
-            children = lax.dynamic_slice_in_dim(schedule.children, start, width)
-            return body(carry, nodes, children)
+            real = i < steps
+            start = jnp.where(real, schedule.offsets[:, j] + i * width, schedule.root_row)
+            return body(carry, start, real, width)
 
-        carry = lax.fori_loop(0, num_steps, step, carry)
+        if unroll:
+            for i in range(num_steps):
+                carry = step(i, carry)
+        else:
+            carry = lax.fori_loop(0, num_steps, step, carry)
     return carry
 
 
+def step_buckets(schedule: Schedule) -> tuple[int, ...]:
+    """Static step counts per phase that cover the schedule's (`[B, phases]`, concrete).
+
+    Phase by phase, the most steps any of 32 random-joining topologies of the
+    same N needs, one more in phases at most 8 wide, where a step is cheap
+    (`typical_steps`); where a tree needs more, that phase is rounded up to a
+    power of two. So nearly every topology of N taxa runs one compiled
+    program, and the rest a few more.
+    """
+    typical = typical_steps(schedule.num_tips, schedule.widths)
+    steps = np.max(np.asarray(schedule.steps), axis=0)
+    return tuple(t if k <= t else 1 << (int(k) - 1).bit_length() for k, t in zip(steps, typical))
+
+
+@lru_cache(maxsize=64)
+def typical_steps(num_tips: int, widths: tuple[int, ...]) -> tuple[int, ...]:
+    """Most steps per phase among 32 random-joining topologies of `num_tips` tips (seeded), +1 where narrow."""
+    rng = np.random.default_rng(0)
+    parents = np.full((32, 2 * num_tips - 1), -1, np.int32)
+    for tree in parents:
+        active = list(range(num_tips))
+        for node in range(num_tips, 2 * num_tips - 1):
+            i, j = sorted(rng.choice(len(active), size=2, replace=False), reverse=True)
+            tree[active.pop(i)] = tree[active.pop(j)] = node
+            active.append(node)
+    with jax.ensure_compile_time_eval():
+        steps = np.asarray(device_schedule(jnp.asarray(parents), widths).steps)
+    return tuple(int(k) + (0 < width <= 8) for k, width in zip(steps.max(axis=0), widths))
+
+
+def step_children(schedule: Schedule, start, width):
+    """`[B, W, 2]` layout ids of the children of the block's nodes."""
+    return gather_rows(schedule.children, start, width)
+
+
 def post_order_partials(
-    transition: Float[Array, "kernel_nodes C S S"],
+    transition: Float[Array, "B ids C S S"],
     tip_codes: Int[Array, "tips_plus_one patterns"],
     tip_table: Float[Array, "codes S"],
     schedule: Schedule,
     static_steps=None,
-) -> tuple[Float[Array, "rows C patterns S"], Float[Array, "rows patterns"]]:
-    """Rescaled partials of every internal node and their per-pattern log scale factors."""
-    num_tips = schedule.num_tips
-    _, c, s, _ = transition.shape
-    patterns = tip_codes.shape[1]
-    partials = jnp.ones((num_tips, c, patterns, s), transition.dtype)  # N-1 internal + sentinel
-    log_scales = jnp.zeros((num_tips, patterns), transition.dtype)
+) -> tuple[Float[Array, "B rows C patterns S"], Float[Array, "B rows patterns"]]:
+    """Rescaled partials of every slot (and the sentinel row) and their per-pattern log scale factors."""
+    b, _, c, s, _ = transition.shape
+    rows, patterns = schedule.num_slots + 1, tip_codes.shape[1]
+    partials = jnp.ones((b, rows, c, patterns, s), transition.dtype)
+    log_scales = jnp.zeros((b, rows, patterns), transition.dtype)
 
-    def body(carry, nodes, children):
+    def body(carry, start, real, width):
         partials, log_scales = carry
-        messages = apply_transition(transition[children], child_partials(children, partials, tip_codes, tip_table))
-        p, log_scale = rescale(messages[:, 0] * messages[:, 1])
-        rows = nodes - num_tips
-        return partials.at[rows].set(p), log_scales.at[rows].set(log_scale)
+        children = step_children(schedule, start, width)
+        matrices = jax.vmap(lambda t, k: t[k])(transition, children)
+        messages = apply_transition(matrices, child_partials(children, partials, tip_codes, tip_table))
+        p, log_scale = rescale(messages[:, :, 0] * messages[:, :, 1])
+        return write_rows(partials, p, start), write_rows(log_scales, log_scale, start)
 
-    return level_loop(schedule, body, (partials, log_scales), static_steps)
+    return level_loop(schedule, body, (partials, log_scales), static_steps=static_steps)
 
 
-def pattern_log_likelihoods(
-    transition: Float[Array, "kernel_nodes C S S"],
-    root_frequencies: Float[Array, " S"],
-    category_weights: Float[Array, " C"],
-    tip_codes: Int[Array, "tips_plus_one patterns"],
-    tip_table: Float[Array, "codes S"],
-    schedule: Schedule,
-    static_steps=None,
-) -> Float[Array, " patterns"]:
-    """`log L_c` for every site pattern."""
+def root_likelihoods(partials, root_frequencies, category_weights, schedule: Schedule) -> Float[Array, "B patterns"]:
+    """`sum_r w_r pi^T p_root,r` per pattern, on the rescaled root partials."""
+    root = jax.vmap(lambda buffer, r: buffer[r])(partials, schedule.root_row)
+    return jnp.einsum("bc,bs,bcps->bp", category_weights, root_frequencies, root, precision=HIGHEST)
+
+
+def log_likelihoods_from(partials, log_scales, root_frequencies, category_weights, schedule) -> Float[Array, "B patterns"]:
+    """`log L_c`: the root sum plus every node's log scale factor (padding rows hold zeros)."""
+    scaled = root_likelihoods(partials, root_frequencies, category_weights, schedule)
+    return jnp.log(scaled) + jnp.sum(log_scales, axis=1)
+
+
+def pattern_log_likelihoods(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule,
+                            static_steps):
+    """`log L_c` for every tree and site pattern, for plain autodiff through fixed-length loops (a reference)."""
     partials, log_scales = post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
-    return log_likelihoods_from(partials, log_scales, root_frequencies, category_weights)
-
-
-def root_likelihoods(partials, root_frequencies, category_weights) -> Float[Array, " patterns"]:
-    """`sum_r w_r pi^T p_root,r` per pattern, on the rescaled root partials (the row before the sentinel)."""
-    return jnp.einsum("c,s,cps->p", category_weights, root_frequencies, partials[-2])
-
-
-def log_likelihoods_from(partials, log_scales, root_frequencies, category_weights) -> Float[Array, " patterns"]:
-    """`log L_c`: the root sum plus every node's log scale factor."""
-    scaled = root_likelihoods(partials, root_frequencies, category_weights)
-    return jnp.log(scaled) + jnp.sum(log_scales[:-1], axis=0)
+    return log_likelihoods_from(partials, log_scales, root_frequencies, category_weights, schedule)

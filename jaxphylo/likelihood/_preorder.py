@@ -15,91 +15,103 @@ cotangents of `P`, of the tip vectors, or branch-length derivatives.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from .._schedule import Schedule
-from ._peeling import apply_transition, child_partials, level_loop, rescale
+from ._peeling import HIGHEST, apply_transition, child_partials, gather_rows, level_loop, rescale, step_children
 
 
 def pre_order_partials(
-    transition: Float[Array, "kernel_nodes C S S"],
-    root_frequencies: Float[Array, " S"],
-    category_weights: Float[Array, " C"],
-    partials: Float[Array, "rows C patterns S"],
+    transition: Float[Array, "B ids C S S"],
+    root_frequencies: Float[Array, "B S"],
+    category_weights: Float[Array, "B C"],
+    partials: Float[Array, "B rows C patterns S"],
     tip_codes: Int[Array, "tips_plus_one patterns"],
     tip_table: Float[Array, "codes S"],
     schedule: Schedule,
     visit=None,
     accumulator=(),
+    static_steps=None,
 ):
-    """Rescaled `q` of every internal node (rows as in `partials`) and the visitor's result.
+    """Rescaled `q` of every slot (rows as in `partials`) and the visitor's result.
 
-    `visit(accumulator, children [W, 2], s, p, up, inverse_norm [W, P])` is
-    called once per step with `s`, the children's partials `p` and
-    `up = P_child^T s` (before rescaling), all `[W, 2, C, P, S]`;
-    `inverse_norm` is `1/n` for real nodes, zero for padding.
+    `visit(accumulator, children [B, W, 2], s, p, up, inverse_norm [B, W, P])`
+    is called once per step with `s`, the children's partials `p` and
+    `up = P_child^T s` (before rescaling), all `[B, W, 2, C, P, S]`;
+    `inverse_norm` is `1/n` for real nodes of real steps, zero otherwise.
     """
     num_tips = schedule.num_tips
-    sentinel_row = partials.shape[0] - 1
-    root = (category_weights[:, None] * root_frequencies)[:, None, :]
-    q = jnp.ones_like(partials).at[num_tips - 2].set(jnp.broadcast_to(root, partials.shape[1:]))
+    sentinel = num_tips + schedule.num_slots
+    batch = jnp.arange(partials.shape[0])
+    root = (category_weights[:, :, None] * root_frequencies[:, None, :])[:, :, None, :]
+    q = jnp.ones_like(partials).at[batch, schedule.root_row].set(jnp.broadcast_to(root, partials.shape[:1] + partials.shape[2:]))
 
-    def body(carry, nodes, children):
+    def body(carry, start, real, width):
         q, accumulator = carry
-        parent = q[nodes - num_tips][:, None]
+        parent = gather_rows(q, start, width)[:, :, None]
+        children = step_children(schedule, start, width)
         p = child_partials(children, partials, tip_codes, tip_table)
-        matrices = transition[children]
+        matrices = jax.vmap(lambda t, k: t[k])(transition, children)
         messages = apply_transition(matrices, p)
-        s = parent * messages[:, ::-1]  # each child's sibling message
-        norm = jnp.sum(s[:, 0] * messages[:, 0], axis=(1, 3))
-        real = (nodes != schedule.sentinel)[:, None]
-        inverse_norm = jnp.where(real, 1.0 / jnp.where(real, norm, 1.0), 0.0)
+        s = parent * messages[:, :, ::-1]  # each child's sibling message
+        norm = jnp.sum(s[:, :, 0] * messages[:, :, 0], axis=(2, 4))
+        counted = (children[:, :, 0] != sentinel) & real[:, None]
+        inverse_norm = jnp.where(counted[..., None], 1.0 / jnp.where(counted[..., None], norm, 1.0), 0.0)
         up = apply_transition(jnp.swapaxes(matrices, -1, -2), s)
         if visit is not None:
             accumulator = visit(accumulator, children, s, p, up, inverse_norm)
-        rows = jnp.where(children < num_tips, sentinel_row, children - num_tips)
-        return q.at[rows].set(rescale(up)[0]), accumulator
+        rows = jnp.where(children < num_tips, partials.shape[1] - 1, children - num_tips)
+        return q.at[batch[:, None, None], rows].set(rescale(up)[0]), accumulator
 
-    return level_loop(schedule, body, (q, accumulator), reverse=True)
+    return level_loop(schedule, body, (q, accumulator), reverse=True, static_steps=static_steps)
 
 
-def transition_cotangent_visitor(pattern_cotangent, tip_codes):
-    """Accumulate `sum_c g_c d log L_c / d P_i` per branch, and `d / d p_tip` per tip and pattern."""
-    num_tips = tip_codes.shape[0] - 1
+def _add_to_children(total, children, values):
+    """`total[b, children[b, w, k]] += values[b, w, k]` for every tree of the batch."""
+    batch = jnp.arange(total.shape[0])[:, None, None]
+    return total.at[batch, children].add(values)
+
+
+def transition_cotangent_visitor(pattern_cotangent: Float[Array, "B patterns"], num_tips: int):
+    """Accumulate `sum_c g_c d log L_c / d P_i` per branch, and `d / d p_tip` per tree, tip and pattern."""
 
     def visit(accumulator, children, s, p, up, inverse_norm):
         d_transition, d_tips = accumulator
-        alpha = inverse_norm * pattern_cotangent
-        d_transition = d_transition.at[children].add(jnp.einsum("wkcps,wp,wkcpt->wkcst", s, alpha, p))
-        tip = jnp.where(children < num_tips, children, num_tips)  # other children land on the spare row
-        d_tips = d_tips.at[tip].add(jnp.sum(up, axis=2) * alpha[:, None, :, None])
+        alpha = inverse_norm * pattern_cotangent[:, None, :]
+        d_transition = _add_to_children(
+            d_transition, children, jnp.einsum("bwkcps,bwp,bwkcpt->bwkcst", s, alpha, p, precision=HIGHEST))
+        # Per tree, so that no two updates meet (each tip is one child once); other children land on the spare row.
+        tip = jnp.where(children < num_tips, children, num_tips)
+        d_tips = _add_to_children(d_tips, tip, jnp.sum(up, axis=3) * alpha[:, :, None, :, None])
         return d_transition, d_tips
 
     return visit
 
 
 def branch_derivative_visitor(first_matrices, second_matrices, pattern_weights):
-    """Accumulate `d log L / dt` and `d^2 log L / dt^2` per branch, from `dP/dt` and `d^2P/dt^2`.
+    """Accumulate `d log L / dt` and `d^2 log L / dt^2` per branch, from `dP/dt` and `d^2P/dt^2` (layout order).
 
     Per pattern, `d^2 log L_c/dt^2 = L_c''/L_c - (L_c'/L_c)^2`, with `L_c' = sum_r s^T P' p`.
     """
+    take = jax.vmap(lambda matrices, k: matrices[k])
 
     def visit(accumulator, children, s, p, up, inverse_norm):
         first, second = accumulator
-        inverse_norm = inverse_norm[:, None]
-        slope = jnp.sum(s * apply_transition(first_matrices[children], p), axis=(2, 4)) * inverse_norm
-        curve = jnp.sum(s * apply_transition(second_matrices[children], p), axis=(2, 4)) * inverse_norm
-        first = first.at[children].add(slope @ pattern_weights)
-        second = second.at[children].add((curve - slope * slope) @ pattern_weights)
+        inverse_norm = inverse_norm[:, :, None]
+        slope = jnp.sum(s * apply_transition(take(first_matrices, children), p), axis=(3, 5)) * inverse_norm
+        curve = jnp.sum(s * apply_transition(take(second_matrices, children), p), axis=(3, 5)) * inverse_norm
+        first = _add_to_children(first, children, jnp.einsum("bwkp,p->bwk", slope, pattern_weights, precision=HIGHEST))
+        second = _add_to_children(second, children, jnp.einsum("bwkp,p->bwk", curve - slope * slope, pattern_weights, precision=HIGHEST))
         return first, second
 
     return visit
 
 
 def marginals(
-    pre: Float[Array, "rows C patterns S"], post: Float[Array, "rows C patterns S"]
-) -> Float[Array, "rows patterns S"]:
-    """`P(X_k = x | data) = sum_r q_k,r(x) p_k,r(x) / L_c` for every internal node."""
-    joint = jnp.sum(pre * post, axis=1)
+    pre: Float[Array, "*B rows C patterns S"], post: Float[Array, "*B rows C patterns S"]
+) -> Float[Array, "*B rows patterns S"]:
+    """`P(X_k = x | data) = sum_r q_k,r(x) p_k,r(x) / L_c` for every slot."""
+    joint = jnp.sum(pre * post, axis=-3)
     return joint / jnp.sum(joint, axis=-1, keepdims=True)
