@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 import jaxphylo as jp
 from jaxphylo._schedule import branch_index
-from jaxphylo.likelihood._api import _pattern_log_likelihoods, schedule_for, step_buckets
+from jaxphylo.likelihood._api import _pattern_log_likelihoods, schedule_for, exact_steps
 
 from _common import SHARED_DATA, beagle_reference, device_record, save
 from likelihood import make_case, measured_bandwidth
@@ -72,13 +72,13 @@ def run_case(states, taxa, patterns, bandwidth, repeats, autodiff_max_cells):
     tree, model, data = make_case(states, taxa, patterns)
     schedule = schedule_for(tree, model, data, jnp.float64)
     args = (model, tree.branch_lengths, data, schedule)
-    steps = step_buckets(schedule)
+    steps = exact_steps(schedule)
     index = branch_index(tree.topology)
     row = {"case": states, "states": model.alphabet.num_states, "taxa": taxa, "patterns": patterns,
            "precision": "float64", "repeats": repeats}
     functions = {
-        "loglik": objective(index, steps),
-        "preorder": lambda m, b, d, s: jax.grad(objective(index, steps), argnums=(0, 1))(m, b, d, s),
+        "loglik": objective(index, None),
+        "preorder": lambda m, b, d, s: jax.grad(objective(index, None), argnums=(0, 1))(m, b, d, s),
         "autodiff": lambda m, b, d, s: jax.grad(objective(index, steps, True), argnums=(0, 1))(m, b, d, s),
     }
     for name, function in functions.items():

@@ -11,17 +11,17 @@ from .._errors import InputError
 from .._schedule import Schedule
 from .._tree import Tree
 from ..models import Model
-from ._api import PatternData, kernel_arrays, layout_lengths, prepare, step_buckets
+from ._api import PatternData, kernel_arrays, layout_lengths, prepare
 from ._peeling import post_order_partials
 from ._preorder import marginals, pre_order_partials
 
 
 @eqx.filter_jit
-def _kernel_marginals(model: Model, branch_lengths, data: PatternData, schedule: Schedule, index, dtype, steps):
+def _kernel_marginals(model: Model, branch_lengths, data: PatternData, schedule: Schedule, index, dtype):
     arrays = kernel_arrays(model, layout_lengths(branch_lengths, index, schedule), data, dtype)
     transition, pi, weights, codes, table = arrays
-    post, _ = post_order_partials(transition, codes, table, schedule, steps)
-    pre, _ = pre_order_partials(transition, pi, weights, post, codes, table, schedule, static_steps=steps)
+    post, _ = post_order_partials(transition, codes, table, schedule)
+    pre, _ = pre_order_partials(transition, pi, weights, post, codes, table, schedule)
     return marginals(pre, post)[0, :-1]
 
 
@@ -50,6 +50,5 @@ def ancestral_marginals(
     if (slots < 0).any():
         node = tree.num_tips + int(np.argmax(slots < 0))
         raise InputError(f"internal node {node} has a single child; remove unifurcations first")
-    per_pattern = _kernel_marginals(model, tree.branch_lengths, data, schedule, index, dtype,
-                         step_buckets(schedule))
+    per_pattern = _kernel_marginals(model, tree.branch_lengths, data, schedule, index, dtype)
     return per_pattern[slots][:, alignment.site_patterns().site_pattern]

@@ -17,7 +17,7 @@ from .._tree import Tree, TreeBatch
 from ..models import Model
 from . import _kernel as _kernel_module
 from . import _peeling
-from ._peeling import step_buckets
+from ._peeling import exact_steps
 
 PRECISIONS = {"float64": jnp.float64, "float32": jnp.float32}
 
@@ -127,12 +127,11 @@ def _pattern_log_likelihoods(model: Model, branch_lengths, data: PatternData, sc
 
 
 @eqx.filter_jit
-def _batch_pattern_log_likelihoods(model: Model, parents, branch_lengths, data: PatternData, widths, dtype,
-                                   static_steps):
-    """`[B, patterns]`: the schedule is built on the device, so topologies are data (one program per step bucket)."""
+def _batch_pattern_log_likelihoods(model: Model, parents, branch_lengths, data: PatternData, widths, dtype):
+    """`[B, patterns]`: the schedule is built on the device, so topologies are data."""
     schedule = device_schedule(parents, widths)
     arrays = kernel_arrays(model, batch_layout_lengths(branch_lengths, schedule), data, dtype)
-    return _kernel(arrays, schedule, static_steps)
+    return _kernel(arrays, schedule, None)
 
 
 STEP_BYTES = 1 << 28  # cap on one `[width, C, P, S]` temporary of a level step
@@ -185,7 +184,7 @@ def data_log_likelihood(data: PatternData, tree: Tree, model: Model, *, precisio
     dtype = PRECISIONS[precision]
     schedule = schedule_for(tree, model, data, dtype)
     per_pattern = _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, _branch_index(tree.topology),
-                                           dtype, step_buckets(schedule))
+                                           dtype)
     return jnp.sum(data.weights * per_pattern)
 
 
@@ -202,8 +201,9 @@ def pattern_log_likelihoods(
     if isinstance(tree, TreeBatch):
         return _batch_pattern_log_likelihoods_checked(alignment, tree, model, precision, method)
     data, schedule, index, dtype = prepare(alignment, tree, model, precision, method)
+    autodiff = method == "autodiff"
     return _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, index, dtype,
-                                    step_buckets(schedule), method == "autodiff")
+                                    exact_steps(schedule) if autodiff else None, autodiff)
 
 
 def log_likelihood(
@@ -232,15 +232,11 @@ def batch_data_log_likelihoods(data: PatternData, trees: TreeBatch, model: Model
 
     `data` must be laid out for `trees.taxa` (`pattern_data(alignment, trees)`).
     Differentiable in the branch lengths and the model by the pre-order pass.
-    Called with concrete topologies, the level loops get static lengths rounded
-    up to buckets (`step_buckets`: a few compiled programs serve every
-    topology); called inside jit, where topologies are traced (moves on the
-    device), the loop lengths are data and one program serves all.
+    Topologies are data (the schedule is built on the device, the level loops
+    run as many steps as the batch needs): any batch of the same size and N
+    runs one compiled program, inside jit too.
     """
     dtype = PRECISIONS[precision]
     widths = phase_widths(trees.num_tips, max_step_width(model, data, dtype, len(trees)))
-    static_steps = None
-    if not isinstance(trees.parents, jax.core.Tracer):
-        static_steps = step_buckets(device_schedule(trees.parents, widths))
-    per = _batch_pattern_log_likelihoods(model, trees.parents, trees.branch_lengths, data, widths, dtype, static_steps)
+    per = _batch_pattern_log_likelihoods(model, trees.parents, trees.branch_lengths, data, widths, dtype)
     return per if per_pattern else jnp.sum(per * data.weights.astype(per.dtype), axis=-1)

@@ -18,13 +18,13 @@ from .._alignment import Alignment
 from .._schedule import Schedule
 from .._tree import Tree
 from ..models import Model
-from ._api import PatternData, kernel_arrays, layout_lengths, prepare, step_buckets
+from ._api import PatternData, kernel_arrays, layout_lengths, prepare
 from ._peeling import HIGHEST, post_order_partials
 from ._preorder import branch_derivative_visitor, pre_order_partials
 
 
 @eqx.filter_jit
-def _kernel_derivatives(model: Model, branch_lengths, data: PatternData, schedule: Schedule, index, dtype, steps):
+def _kernel_derivatives(model: Model, branch_lengths, data: PatternData, schedule: Schedule, index, dtype):
     lengths = layout_lengths(branch_lengths, index, schedule)
     transition, pi, weights, codes, table = kernel_arrays(model, lengths, data, dtype)
     rates, _ = model.rate_categories()
@@ -32,11 +32,10 @@ def _kernel_derivatives(model: Model, branch_lengths, data: PatternData, schedul
     rates = rates.astype(dtype)[None, None, :, None, None]
     first_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, transition, precision=HIGHEST)
     second_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, first_matrices, precision=HIGHEST)
-    post, _ = post_order_partials(transition, codes, table, schedule, steps)
+    post, _ = post_order_partials(transition, codes, table, schedule)
     visit = branch_derivative_visitor(first_matrices, second_matrices, data.weights.astype(dtype))
     zeros = jnp.zeros(lengths.shape, dtype)
-    _, (first, second) = pre_order_partials(transition, pi, weights, post, codes, table, schedule, visit, (zeros, zeros),
-                                         steps)
+    _, (first, second) = pre_order_partials(transition, pi, weights, post, codes, table, schedule, visit, (zeros, zeros))
     # Back from layout ids to the tree's branches: the transpose of `layout_lengths`.
     num_branches = branch_lengths.shape[0]
     to_tree = lambda per_id: jnp.zeros(num_branches + 1, dtype).at[jnp.asarray(index)[schedule.layout[0]]].add(per_id[0])[:-1]
@@ -52,5 +51,4 @@ def branch_length_derivatives(
     pass, linear in the number of taxa.
     """
     data, schedule, index, dtype = prepare(alignment, tree, model, precision)
-    return _kernel_derivatives(model, tree.branch_lengths, data, schedule, index, dtype,
-                           step_buckets(schedule))
+    return _kernel_derivatives(model, tree.branch_lengths, data, schedule, index, dtype)

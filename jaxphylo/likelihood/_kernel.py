@@ -34,7 +34,7 @@ def pattern_log_likelihoods(
 ) -> Float[Array, "B patterns"]:
     """`log L_c` for every tree of the batch and site pattern; `jax.grad` runs the pre-order pass.
 
-    `static_steps` (from `step_buckets`) fixes the loop lengths at compile time; None reads them from the schedule.
+    `static_steps` (Python ints) fixes the loop lengths at compile time; None reads them from the schedule.
     """
     return _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, static_steps)[0]
 

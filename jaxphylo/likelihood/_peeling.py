@@ -14,15 +14,13 @@ children by gather and writes one contiguous block of rows in place.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from .._schedule import Schedule, device_schedule
+from .._schedule import Schedule
 
 SMALL_STATE_SPACE = 8  # below this, P x as a broadcast multiply-add beats a batched matmul
 HIGHEST = lax.Precision.HIGHEST  # full float32 products on GPUs too (TF32 would lose three digits)
@@ -82,8 +80,11 @@ def level_loop(schedule: Schedule, body, carry, reverse=False, static_steps=None
     block, which leaves every value as it was (`real` is False there, so that
     accumulators can skip it). Step counts are data, so any topology of N
     taxa shares one compiled program. `static_steps` gives Python counts
-    instead (at least the real ones; see `step_buckets`): then the loops are
+    instead (at least the real ones, `exact_steps`): then the loops are
     unrolled when short, and plain reverse-mode autodiff can pass through them.
+    Measured on an H100 (benchmarks/results/likelihood-gpu.json, issue #19 notes):
+    static counts padded to shared buckets cost more in extra steps and compile
+    time than the while loops they save, so the default keeps counts as data.
     """
     unroll = static_steps is not None and sum(static_steps) <= UNROLL_STEPS
     phases = list(enumerate(schedule.widths))
@@ -105,34 +106,9 @@ def level_loop(schedule: Schedule, body, carry, reverse=False, static_steps=None
     return carry
 
 
-def step_buckets(schedule: Schedule) -> tuple[int, ...]:
-    """Static step counts per phase that cover the schedule's (`[B, phases]`, concrete).
-
-    Phase by phase, the most steps any of 32 random-joining topologies of the
-    same N needs, one more in phases at most 8 wide, where a step is cheap
-    (`typical_steps`); where a tree needs more, that phase is rounded up to a
-    power of two. So nearly every topology of N taxa runs one compiled
-    program, and the rest a few more.
-    """
-    typical = typical_steps(schedule.num_tips, schedule.widths)
-    steps = np.max(np.asarray(schedule.steps), axis=0)
-    return tuple(t if k <= t else 1 << (int(k) - 1).bit_length() for k, t in zip(steps, typical))
-
-
-@lru_cache(maxsize=64)
-def typical_steps(num_tips: int, widths: tuple[int, ...]) -> tuple[int, ...]:
-    """Most steps per phase among 32 random-joining topologies of `num_tips` tips (seeded), +1 where narrow."""
-    rng = np.random.default_rng(0)
-    parents = np.full((32, 2 * num_tips - 1), -1, np.int32)
-    for tree in parents:
-        active = list(range(num_tips))
-        for node in range(num_tips, 2 * num_tips - 1):
-            i, j = sorted(rng.choice(len(active), size=2, replace=False), reverse=True)
-            tree[active.pop(i)] = tree[active.pop(j)] = node
-            active.append(node)
-    with jax.ensure_compile_time_eval():
-        steps = np.asarray(device_schedule(jnp.asarray(parents), widths).steps)
-    return tuple(int(k) + (0 < width <= 8) for k, width in zip(steps.max(axis=0), widths))
+def exact_steps(schedule: Schedule) -> tuple[int, ...]:
+    """The schedule's step counts per phase as Python ints (the most any tree of the batch needs)."""
+    return tuple(int(k) for k in np.max(np.asarray(schedule.steps), axis=0))
 
 
 def step_children(schedule: Schedule, start, width):
