@@ -112,10 +112,9 @@ def _kernel(arrays, schedule, static_steps, autodiff=False):
     # A schedule closed over by an outer jit is a constant: XLA would then unroll the level loops and
     # constant-fold the first steps (seconds of compile time, and a program per topology). Keep it opaque.
     schedule = jax.lax.optimization_barrier(schedule)
-    with jax.default_matmul_precision("highest"):
-        if autodiff:
-            return _peeling.pattern_log_likelihoods(*arrays, schedule, static_steps)
-        return _kernel_module.pattern_log_likelihoods(*arrays, schedule, static_steps)
+    if autodiff:
+        return _peeling.pattern_log_likelihoods(*arrays, schedule, static_steps)
+    return _kernel_module.pattern_log_likelihoods(*arrays, schedule, static_steps)
 
 
 @eqx.filter_jit

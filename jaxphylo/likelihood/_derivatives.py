@@ -15,11 +15,12 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .._alignment import Alignment
+from .._precision import product_precision
 from .._schedule import Schedule
 from .._tree import Tree
 from ..models import Model
 from ._api import PatternData, kernel_arrays, layout_lengths, prepare
-from ._peeling import HIGHEST, post_order_partials
+from ._peeling import post_order_partials
 from ._preorder import branch_derivative_visitor, pre_order_partials
 
 
@@ -30,8 +31,8 @@ def _kernel_derivatives(model: Model, branch_lengths, data: PatternData, schedul
     rates, _ = model.rate_categories()
     q = model.substitution.rate_matrix().astype(dtype)
     rates = rates.astype(dtype)[None, None, :, None, None]
-    first_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, transition, precision=HIGHEST)
-    second_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, first_matrices, precision=HIGHEST)
+    first_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, transition, precision=product_precision())
+    second_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, first_matrices, precision=product_precision())
     post, _ = post_order_partials(transition, codes, table, schedule)
     visit = branch_derivative_visitor(first_matrices, second_matrices, data.weights.astype(dtype))
     zeros = jnp.zeros(lengths.shape, dtype)

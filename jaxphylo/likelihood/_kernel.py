@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from .._precision import product_precision
 from .._schedule import Schedule
-from ._peeling import HIGHEST, log_likelihoods_from, post_order_partials, root_likelihoods
+from ._peeling import log_likelihoods_from, post_order_partials, root_likelihoods
 from ._preorder import pre_order_partials, transition_cotangent_visitor
 
 
@@ -56,8 +57,8 @@ def _backward(static_steps, residuals, pattern_cotangent):
         static_steps)
     root = jax.vmap(lambda buffer, r: buffer[r])(partials, schedule.root_row)
     ratio = pattern_cotangent / root_likelihoods(partials, root_frequencies, category_weights, schedule)
-    d_root = jnp.einsum("bp,bc,bcps->bs", ratio, category_weights, root, precision=HIGHEST)
-    d_weights = jnp.einsum("bp,bs,bcps->bc", ratio, root_frequencies, root, precision=HIGHEST)
+    d_root = jnp.einsum("bp,bc,bcps->bs", ratio, category_weights, root, precision=product_precision())
+    d_weights = jnp.einsum("bp,bs,bcps->bc", ratio, root_frequencies, root, precision=product_precision())
     d_table = jax.ops.segment_sum(
         jnp.sum(d_tips[:, :num_tips], axis=0).reshape(-1, states), tip_codes[:num_tips].reshape(-1),
         num_segments=tip_table.shape[0])

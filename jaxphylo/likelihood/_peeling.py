@@ -20,10 +20,10 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, Int
 
+from .._precision import product_precision
 from .._schedule import Schedule
 
 SMALL_STATE_SPACE = 8  # below this, P x as a broadcast multiply-add beats a batched matmul
-HIGHEST = lax.Precision.HIGHEST  # full float32 products on GPUs too (TF32 would lose three digits)
 
 
 def apply_transition(
@@ -32,7 +32,7 @@ def apply_transition(
     """`(P x)_i = sum_j P_ij x_j` for every pattern."""
     if p.shape[-1] <= SMALL_STATE_SPACE:
         return jnp.sum(p[..., None, :, :] * x[..., :, None, :], axis=-1)
-    return jnp.einsum("...cij,...cpj->...cpi", p, x, precision=HIGHEST)
+    return jnp.einsum("...cij,...cpj->...cpi", p, x, precision=product_precision())
 
 
 def child_partials(
@@ -143,7 +143,7 @@ def post_order_partials(
 def root_likelihoods(partials, root_frequencies, category_weights, schedule: Schedule) -> Float[Array, "B patterns"]:
     """`sum_r w_r pi^T p_root,r` per pattern, on the rescaled root partials."""
     root = jax.vmap(lambda buffer, r: buffer[r])(partials, schedule.root_row)
-    return jnp.einsum("bc,bs,bcps->bp", category_weights, root_frequencies, root, precision=HIGHEST)
+    return jnp.einsum("bc,bs,bcps->bp", category_weights, root_frequencies, root, precision=product_precision())
 
 
 def log_likelihoods_from(partials, log_scales, root_frequencies, category_weights, schedule) -> Float[Array, "B patterns"]:

@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from .._precision import product_precision
 from .._schedule import Schedule
-from ._peeling import HIGHEST, apply_transition, child_partials, gather_rows, level_loop, rescale, step_children
+from ._peeling import apply_transition, child_partials, gather_rows, level_loop, rescale, step_children
 
 
 def pre_order_partials(
@@ -81,7 +82,8 @@ def transition_cotangent_visitor(pattern_cotangent: Float[Array, "B patterns"], 
         d_transition, d_tips = accumulator
         alpha = inverse_norm * pattern_cotangent[:, None, :]
         d_transition = _add_to_children(
-            d_transition, children, jnp.einsum("bwkcps,bwp,bwkcpt->bwkcst", s, alpha, p, precision=HIGHEST))
+            d_transition, children,
+            jnp.einsum("bwkcps,bwp,bwkcpt->bwkcst", s, alpha, p, precision=product_precision()))
         # Per tree, so that no two updates meet (each tip is one child once); other children land on the spare row.
         tip = jnp.where(children < num_tips, children, num_tips)
         d_tips = _add_to_children(d_tips, tip, jnp.sum(up, axis=3) * alpha[:, :, None, :, None])
@@ -102,8 +104,9 @@ def branch_derivative_visitor(first_matrices, second_matrices, pattern_weights):
         inverse_norm = inverse_norm[:, :, None]
         slope = jnp.sum(s * apply_transition(take(first_matrices, children), p), axis=(3, 5)) * inverse_norm
         curve = jnp.sum(s * apply_transition(take(second_matrices, children), p), axis=(3, 5)) * inverse_norm
-        first = _add_to_children(first, children, jnp.einsum("bwkp,p->bwk", slope, pattern_weights, precision=HIGHEST))
-        second = _add_to_children(second, children, jnp.einsum("bwkp,p->bwk", curve - slope * slope, pattern_weights, precision=HIGHEST))
+        per_branch = lambda x: jnp.einsum("bwkp,p->bwk", x, pattern_weights, precision=product_precision())
+        first = _add_to_children(first, children, per_branch(slope))
+        second = _add_to_children(second, children, per_branch(curve - slope * slope))
         return first, second
 
     return visit

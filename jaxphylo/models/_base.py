@@ -14,12 +14,10 @@ import abc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jaxtyping import Array, Float
 
 from .._alphabet import Alphabet
-
-HIGHEST = lax.Precision.HIGHEST  # full float32 products on GPUs (TF32 loses three digits)
+from .._precision import product_precision
 
 
 class SubstitutionModel(eqx.Module):
@@ -44,10 +42,10 @@ class SubstitutionModel(eqx.Module):
         """`(A, sqrt(pi))` with `A = diag(pi)^1/2 Q diag(pi)^-1/2` symmetric."""
         pi = self.frequencies
         r = _off_diagonal(self.exchangeabilities())
-        scale = jnp.sum(pi * jnp.matmul(r, pi, precision=HIGHEST))
+        scale = jnp.sum(pi * jnp.matmul(r, pi, precision=product_precision()))
         root = jnp.sqrt(pi)
         sym = r * root[:, None] * root[None, :] / scale
-        return sym - jnp.diag(jnp.matmul(r, pi, precision=HIGHEST) / scale), root
+        return sym - jnp.diag(jnp.matmul(r, pi, precision=product_precision()) / scale), root
 
 
 def _off_diagonal(m):
@@ -78,7 +76,7 @@ def symmetric_exponentials(
     `lam_i - lam_j` and gives NaN for JC69, K80, F81 and equal-frequency models.
     """
     lam, u = _eigh(sym)
-    return jnp.einsum("ik,...k,jk->...ij", u, jnp.exp(lam * times[..., None]), u, precision=HIGHEST)
+    return jnp.einsum("ik,...k,jk->...ij", u, jnp.exp(lam * times[..., None]), u, precision=product_precision())
 
 
 @symmetric_exponentials.defjvp
@@ -90,11 +88,11 @@ def _symmetric_exponentials_jvp(primals, tangents):
     high = jnp.maximum(lam[:, None], lam[None, :])  # factor out the larger exponent: no overflow
     low = jnp.minimum(lam[:, None], lam[None, :])
     divided = t * jnp.exp(t * high) * _exprel(t * (low - high))
-    rotated = jnp.matmul(jnp.matmul(u.T, 0.5 * (d_sym + d_sym.T), precision=HIGHEST), u, precision=HIGHEST)
+    rotated = jnp.einsum("ki,kl,lj->ij", u, 0.5 * (d_sym + d_sym.T), u, precision=product_precision())
     decay = jnp.exp(lam * times[..., None])
-    d_out = jnp.einsum("ik,...kl,jl->...ij", u, divided * rotated, u, precision=HIGHEST)
-    d_out += jnp.einsum("ik,...k,jk->...ij", u, lam * decay * d_times[..., None], u, precision=HIGHEST)
-    return jnp.einsum("ik,...k,jk->...ij", u, decay, u, precision=HIGHEST), d_out
+    d_out = jnp.einsum("ik,...kl,jl->...ij", u, divided * rotated, u, precision=product_precision())
+    d_out += jnp.einsum("ik,...k,jk->...ij", u, lam * decay * d_times[..., None], u, precision=product_precision())
+    return jnp.einsum("ik,...k,jk->...ij", u, decay, u, precision=product_precision()), d_out
 
 
 def transition_matrices(
