@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -239,7 +240,10 @@ def beagle_likelihood(transition, frequencies, category_weights, tip_states, pat
         return None
     if run.stderr.strip():
         print(run.stderr.strip(), file=sys.stderr)
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    # printf writes an underflowed (unscaled) log-likelihood as -inf or nan, which JSON spells otherwise
+    line = re.sub(r"(?<![A-Za-z])-?nan(?![A-Za-z])", "NaN", run.stdout.strip().splitlines()[-1])
+    line = re.sub(r"(?<![A-Za-z])(-?)inf(?![A-Za-z])", r"\1Infinity", line)
+    result = json.loads(line)
     for key in ("derivatives", "derivatives_rescaled"):
         if key in result:
             result[key] = result[key][:nodes]

@@ -1,62 +1,42 @@
-"""Where the time of one log-likelihood goes: rate categories, transition matrices, peeling.
+"""Where one likelihood call's time goes: the post-order pass with step counts as data or static
+(unrolled when short), the transition matrices (with the Gamma rates), the Gamma rates, a trivial op.
 
-    python benchmarks/breakdown.py [--taxa N] [--patterns P]
+    python benchmarks/breakdown.py
 
-Times each piece as its own jitted function (median of 30 after a warm-up), and
-the peeling twice: step counts as data (while loops, one compilation per taxon
-count) and as static Python counts (scans, one compilation per level profile).
+The JAX kernels only (on a CPU the public functions use the C++ kernels instead).
 """
-
-import argparse
 import statistics
 import time
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-import jaxphylo as jp
+from jaxphylo._schedule import branch_index
 from jaxphylo.likelihood import _peeling
-from jaxphylo.likelihood._api import kernel_branch_lengths
+from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, schedule_for
 from likelihood import make_case
 
+def med(f, *a, n=30):
+    jax.block_until_ready(f(*a)); ts = []
+    for _ in range(n):
+        t = time.perf_counter(); jax.block_until_ready(f(*a)); ts.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(ts)
 
-def median_ms(fn, *args, repeats=30):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--taxa", type=int, nargs="+", default=[100, 1000])
-    parser.add_argument("--patterns", type=int, default=1000)
-    args = parser.parse_args()
-    print(f"device {jax.devices()[0].device_kind}")
-    for taxa in args.taxa:
-        tree, model, data = make_case("4", taxa, args.patterns)
-        schedule = jp.build_schedule(tree.topology)
-        static = tuple(int(s) for s in schedule.steps)
-        times = kernel_branch_lengths(tree.branch_lengths, schedule)
-        categories = eqx.filter_jit(lambda m: m.rate_categories())
-        matrices = eqx.filter_jit(lambda m, t: m.transition_matrices(t))
-        transition = matrices(model, times)
-        pi, (_, w) = model.frequencies, model.rate_categories()
-        dynamic = eqx.filter_jit(lambda p, s: _peeling.pattern_log_likelihoods(p, pi, w, data.tip_codes, data.tip_table, s))
-        fixed = eqx.filter_jit(lambda p, s: _peeling.pattern_log_likelihoods(p, pi, w, data.tip_codes, data.tip_table, s, static))
-        row = {
-            "categories": median_ms(categories, model),
-            "transition": median_ms(matrices, model, times),
-            "peel_while": median_ms(dynamic, transition, schedule),
-            "peel_static": median_ms(fixed, transition, schedule),
-            "steps": sum(static),
-        }
-        print(taxa, args.patterns, " ".join(f"{k}={v:.3f}" for k, v in row.items()), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+for case in [("primates_mtDNA", 12, 413), ("4", 100, 1000), ("4", 1000, 1000)]:
+    tree, model, data = make_case(*case)
+    sched = schedule_for(tree, model, data, jnp.float64)
+    index = branch_index(tree.topology)
+    steps = _peeling.exact_steps(sched)
+    arrays = jax.jit(lambda m, b: kernel_arrays(m, layout_lengths(b, index, sched), data, jnp.float64))(model, tree.branch_lengths)
+    P, pi, w, codes, table = arrays
+    def run(P, pi, w, codes, table, sched, static):
+        parts, ls = _peeling.post_order_partials(P, codes, table, sched, static)
+        return _peeling.log_likelihoods_from(parts, ls, pi, w, sched)
+    dyn = jax.jit(lambda *a: run(*a, None))
+    sta = jax.jit(lambda *a: run(*a, steps))
+    model_only = jax.jit(lambda m, b: kernel_arrays(m, layout_lengths(b, index, sched), data, jnp.float64)[0])
+    rates_only = jax.jit(lambda m: m.rate_categories()[0])
+    tiny = jax.jit(lambda x: x + 1)
+    print(case, "steps", steps, "| post-order: counts as data %.3f, static %.3f | P matrices %.3f gamma %.3f "
+          "tiny op %.3f ms" % (med(dyn, *arrays, sched), med(sta, *arrays, sched),
+        med(model_only, model, tree.branch_lengths), med(rates_only, model), med(tiny, jnp.ones(3))), flush=True)

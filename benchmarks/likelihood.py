@@ -119,7 +119,11 @@ def beagle_columns(tree, model, data, precision):
     reference = beagle_reference(tree, model, data)
     if reference is None:
         return {"beagle_ms": None}
-    return {"beagle_ms": f"{reference['median_ms']:.4g}", "beagle_rescaled_ms": reference["median_ms_rescaled"],
+    # Without rescaling BEAGLE underflows on large trees; then only its rescaled time is a likelihood.
+    finite = np.isfinite(reference["log_likelihood"])
+    ms = reference["median_ms"] if finite else reference["median_ms_rescaled"]
+    return {"beagle_ms": f"{ms:.4g}" + ("" if finite else " rescaled"),
+            "beagle_rescaled_ms": reference["median_ms_rescaled"],
             "beagle": f"{reference['implementation']} {reference['version']}"}
 
 
