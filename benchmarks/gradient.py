@@ -26,7 +26,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-import jaxphylo as jp
 from jaxphylo._schedule import branch_index
 from jaxphylo.likelihood._api import _pattern_log_likelihoods, schedule_for, exact_steps
 

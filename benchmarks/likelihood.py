@@ -31,7 +31,7 @@ import jaxphylo as jp
 from jaxphylo._schedule import branch_index
 from jaxphylo.likelihood._api import PatternData, _pattern_log_likelihoods, schedule_for
 
-from _common import SHARED_DATA, beagle_reference, device_record, real_case, save
+from _common import SHARED_DATA, beagle_reference, device_record, real_case, save, time_call
 
 GPU_BEAGLE_MS = {("4", 1000, 1000): "0.3-0.5", ("4", 1000, 10000): "4.6-6.9 (10.7 rescaled)",
                  ("61", 62, 3600): "1.95"}
@@ -90,15 +90,7 @@ def run_case(states, taxa, patterns, precision, bandwidth, repeats):
     dtype = {"float64": jnp.float64, "float32": jnp.float32}[precision]
     schedule = schedule_for(tree, model, data, dtype)
     args = (model, tree.branch_lengths, data, schedule, branch_index(tree.topology), dtype, None)
-    start = time.perf_counter()
-    jax.block_until_ready(total_log_likelihood(*args))
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(total_log_likelihood(*args))
-        times.append(time.perf_counter() - start)
-    median = statistics.median(times)
+    first, median = time_call(lambda: total_log_likelihood(*args), repeats)
     categories, s = 4, model.alphabet.num_states
     floor = 2 * (taxa - 1) * categories * patterns * s * jnp.dtype(dtype).itemsize / bandwidth
     return {

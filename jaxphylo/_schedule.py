@@ -142,8 +142,12 @@ def _one_schedule(parent, widths):
                     slot[root], widths, n)
 
 
+@lru_cache(maxsize=256)
 def binarize(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
-    """Kernel parent array of a topology, and per kernel node the user node whose branch it takes (-1: none)."""
+    """Kernel parent array of a topology, and per kernel node the user node whose branch it takes (-1: none).
+
+    Cached (topologies are hashable): the schedule and the branch index both start here. Do not modify.
+    """
     n = topology.num_tips
     kernel_parent: list[int] = [-1] * n
     user_of: list[int] = list(range(n))
@@ -171,6 +175,7 @@ def binarize(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(kernel_parent, np.int32), np.asarray(user_of, np.int32)
 
 
+@lru_cache(maxsize=256)
 def branch_index(topology: Topology) -> np.ndarray:
     """Which entry of the user's branch lengths each kernel node (and the sentinel) takes; `num_nodes` means zero."""
     _, user_of = binarize(topology)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -152,17 +150,12 @@ def schedule_for(tree: Tree, model: Model, data: PatternData, dtype) -> Schedule
     return build_schedule(tree.topology, max_step_width(model, data, dtype))
 
 
-@lru_cache(maxsize=256)
-def _branch_index(topology) -> np.ndarray:
-    return branch_index(topology)
-
-
 def prepare(alignment: Alignment, tree: Tree, model: Model, precision: str, method: str = "preorder"):
     """Validate the inputs, then `(pattern data, schedule, branch index, dtype)`."""
     _check_inputs(alignment, tree, model)
     _check_options(precision, method)
     data, dtype = pattern_data(alignment, tree), PRECISIONS[precision]
-    return data, schedule_for(tree, model, data, dtype), _branch_index(tree.topology), dtype
+    return data, schedule_for(tree, model, data, dtype), branch_index(tree.topology), dtype
 
 
 def _check_options(precision: str, method: str) -> None:
@@ -191,7 +184,7 @@ def data_log_likelihood(data: PatternData, tree: Tree, model: Model, *, precisio
     schedule = schedule_for(tree, model, data, dtype)
     # Inside a user's jit a Tree's topology is static anyway (it retraces per topology), so the level loops
     # may take static lengths too: unrolled when short, measured ~40% faster on an H100 (issue #19 notes).
-    per_pattern = _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, _branch_index(tree.topology),
+    per_pattern = _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, branch_index(tree.topology),
                                            dtype, exact_steps(schedule))
     return jnp.sum(data.weights * per_pattern)
 
@@ -230,8 +223,8 @@ def _batch_pattern_log_likelihoods_checked(alignment, trees: TreeBatch, model, p
         raise ModelError("a batch of trees is differentiated by the pre-order pass only (method='preorder')")
     _check_options(precision, method)
     _check_inputs(alignment, trees, model)
-    data, dtype = pattern_data(alignment, trees), PRECISIONS[precision]
-    return batch_data_log_likelihoods(data, trees, model, precision=precision, per_pattern=True)
+    return batch_data_log_likelihoods(pattern_data(alignment, trees), trees, model, precision=precision,
+                                      per_pattern=True)
 
 
 def batch_data_log_likelihoods(data: PatternData, trees: TreeBatch, model: Model, *, precision: str = "float64",
