@@ -84,6 +84,59 @@ def _sample(args) -> None:
     log(f"# {args.out}: posterior.nc (ArviZ), chain*.log (Tracer), chain*.trees (NEXUS), summary.tsv, summary.png")
 
 
+def _ml(args) -> None:
+    import json
+    import time
+
+    import jaxphylo as jp
+    from jaxphylo import ml
+
+    prefix = args.out or args.alignment
+    alignment = jp.read_alignment(args.alignment, data_type=args.data_type, genetic_code=args.genetic_code)
+    start = jp.read_tree(args.tree) if args.tree else None
+    ml.check_inputs(alignment, args.model, start)  # bad input fails here, before any output
+    settings = ml.SearchSettings(patience=args.patience, batch=args.batch, radius=args.radius)
+    log_lines = []
+
+    def log(text):
+        print(text, file=sys.stderr, flush=True)
+        log_lines.append(text)
+
+    log(f"# jaxphylo ml {args.alignment}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, "
+        f"{alignment.site_patterns().num_patterns} patterns; model {args.model}")
+    began = time.perf_counter()
+    result = ml.search(alignment, args.model, start, starts=args.starts, seed=args.seed, settings=settings,
+                       precision=args.precision,
+                       progress=lambda r, best, seconds: log(f"round {r}\tbest log L {best:.4f}\t{seconds:.1f} s"))
+    labelled, supports = [], {}
+    if args.alrt:
+        log(f"# SH-aLRT with {args.alrt} RELL replicates")
+        supports["sh_alrt"] = ml.sh_alrt(alignment, result, replicates=args.alrt, seed=args.seed)
+        labelled.append(ml.with_supports(result.tree, supports["sh_alrt"]))
+    if args.bootstrap:
+        log(f"# {args.bootstrap} bootstrap replicates")
+        supports["bootstrap"], _ = ml.bootstrap(alignment, result, replicates=args.bootstrap, seed=args.seed,
+                                                settings=settings, precision=args.precision)
+        labelled.append(ml.with_supports(result.tree, supports["bootstrap"]))
+    tree = ml._support.combine_labels(result.tree, *labelled) if labelled else result.tree
+    jp.write_tree(tree, f"{prefix}.treefile")
+    seconds = time.perf_counter() - began
+    summary = {
+        "log_likelihood": result.log_likelihood, "model": result.model_string, "parameters": result.parameters,
+        "tree": open(f"{prefix}.treefile").read().strip(), "seconds": seconds, "search_rounds": result.search_rounds,
+        "support_labels": "/".join({"sh_alrt": "SH-aLRT", "bootstrap": "bootstrap"}[k] for k in supports) or None,
+        "settings": {"starts": args.starts, "seed": args.seed, "patience": args.patience, "batch": args.batch,
+                     "radius": args.radius, "precision": args.precision},
+    }
+    with open(f"{prefix}.json", "w") as handle:
+        json.dump(summary, handle, indent=1)
+    log(f"# log L {result.log_likelihood:.4f}; {result.model_string}; {seconds:.1f} s")
+    log(f"# {prefix}.treefile, {prefix}.json, {prefix}.log")
+    with open(f"{prefix}.log", "w") as handle:
+        handle.write("\n".join(log_lines) + "\n")
+    print(f"{result.log_likelihood:.6f}")
+
+
 def _digest(path) -> str:
     try:
         with open(path, "rb") as handle:
@@ -196,6 +249,23 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--no-progress", action="store_true", help="no progress bars")
     sample.add_argument("--example", action="store_true", help="the built-in example (16 taxa, 600 sites)")
     sample.set_defaults(run=_sample)
+
+    ml = commands.add_parser("ml", help="maximum-likelihood tree: model fit, NNI/SPR search, branch support")
+    ml.add_argument("alignment", help="FASTA, PHYLIP or NEXUS alignment")
+    ml.add_argument("--model", "-m", required=True, help="model string in IQ-TREE syntax, e.g. GTR+G4")
+    ml.add_argument("--tree", "-t", help="start tree (Newick/NEXUS; default: BIONJ)")
+    ml.add_argument("--starts", type=int, default=1, help="start trees (extra ones: BIONJ of resampled columns)")
+    ml.add_argument("--bootstrap", "-b", type=int, default=0, help="non-parametric bootstrap replicates")
+    ml.add_argument("--alrt", type=int, default=0, help="SH-aLRT RELL replicates (IQ-TREE: 1000)")
+    ml.add_argument("--patience", type=int, default=100, help="perturbed trees without improvement before stopping")
+    ml.add_argument("--batch", type=int, default=4, help="perturbed trees climbed together")
+    ml.add_argument("--radius", type=int, default=6, help="SPR regraft radius (0: NNI only)")
+    ml.add_argument("--seed", type=int, default=0)
+    ml.add_argument("--out", "-o", "--prefix", dest="out", help="output prefix (default: the alignment's name)")
+    ml.add_argument("--precision", choices=("float64", "float32"), default="float64")
+    ml.add_argument("--data-type", choices=("dna", "protein", "codon"), default=None)
+    ml.add_argument("--genetic-code", type=int, default=1)
+    ml.set_defaults(run=_ml)
 
     distance = commands.add_parser("distance", help="all-pairs distances, written as a PHYLIP matrix")
     distance.add_argument("alignment")

@@ -20,23 +20,32 @@ from .._schedule import Schedule
 from .._tree import Tree
 from ..models import Model
 from ._api import PatternData, kernel_arrays, layout_lengths, prepare
-from ._peeling import post_order_partials
+from ._peeling import log_likelihoods_from, post_order_partials
 from ._preorder import branch_derivative_visitor, pre_order_partials
 
 
-@eqx.filter_jit
-def _kernel_derivatives(model: Model, branch_lengths, data: PatternData, schedule: Schedule, index, dtype):
-    lengths = layout_lengths(branch_lengths, index, schedule)
+def layout_branch_derivatives(model: Model, lengths: Float[Array, "B ids"], data: PatternData,
+                              pattern_weights: Float[Array, "B P"], schedule: Schedule, dtype):
+    """`(d log L / dt, d^2 log L / dt^2)` at every layout id of every tree, and `log L` per tree (`[B]`)."""
     transition, pi, weights, codes, table = kernel_arrays(model, lengths, data, dtype)
     rates, _ = model.rate_categories()
     q = model.substitution.rate_matrix().astype(dtype)
     rates = rates.astype(dtype)[None, None, :, None, None]
     first_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, transition, precision=product_precision())
     second_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, first_matrices, precision=product_precision())
-    post, _ = post_order_partials(transition, codes, table, schedule)
-    visit = branch_derivative_visitor(first_matrices, second_matrices, data.weights.astype(dtype))
+    post, log_scales = post_order_partials(transition, codes, table, schedule)
+    pattern_weights = pattern_weights.astype(dtype)
+    visit = branch_derivative_visitor(first_matrices, second_matrices, pattern_weights)
     zeros = jnp.zeros(lengths.shape, dtype)
     _, (first, second) = pre_order_partials(transition, pi, weights, post, codes, table, schedule, visit, (zeros, zeros))
+    log_l = jnp.sum(pattern_weights * log_likelihoods_from(post, log_scales, pi, weights, schedule), axis=-1)
+    return first, second, log_l
+
+
+@eqx.filter_jit
+def _kernel_derivatives(model: Model, branch_lengths, data: PatternData, schedule: Schedule, index, dtype):
+    lengths = layout_lengths(branch_lengths, index, schedule)
+    first, second, _ = layout_branch_derivatives(model, lengths, data, data.weights[None], schedule, dtype)
     # Back from layout ids to the tree's branches: the transpose of `layout_lengths`.
     num_branches = branch_lengths.shape[0]
     to_tree = lambda per_id: jnp.zeros(num_branches + 1, dtype).at[jnp.asarray(index)[schedule.layout[0]]].add(per_id[0])[:-1]

@@ -92,7 +92,7 @@ def transition_cotangent_visitor(pattern_cotangent: Float[Array, "B patterns"], 
     return visit
 
 
-def branch_derivative_visitor(first_matrices, second_matrices, pattern_weights):
+def branch_derivative_visitor(first_matrices, second_matrices, pattern_weights: Float[Array, "B P"]):
     """Accumulate `d log L / dt` and `d^2 log L / dt^2` per branch, from `dP/dt` and `d^2P/dt^2` (layout order).
 
     Per pattern, `d^2 log L_c/dt^2 = L_c''/L_c - (L_c'/L_c)^2`, with `L_c' = sum_r s^T P' p`.
@@ -104,7 +104,7 @@ def branch_derivative_visitor(first_matrices, second_matrices, pattern_weights):
         inverse_norm = inverse_norm[:, :, None]
         slope = jnp.sum(s * apply_transition(take(first_matrices, children), p), axis=(3, 5)) * inverse_norm
         curve = jnp.sum(s * apply_transition(take(second_matrices, children), p), axis=(3, 5)) * inverse_norm
-        per_branch = lambda x: jnp.einsum("bwkp,p->bwk", x, pattern_weights, precision=product_precision())
+        per_branch = lambda x: jnp.einsum("bwkp,bp->bwk", x, pattern_weights, precision=product_precision())
         first = _add_to_children(first, children, per_branch(slope))
         second = _add_to_children(second, children, per_branch(curve - slope * slope))
         return first, second

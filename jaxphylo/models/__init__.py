@@ -6,11 +6,11 @@ from ._codon import GY94
 from ._frequencies import codon_frequencies, empirical_frequencies
 from ._model import Model
 from ._nucleotide import F81, GTR, HKY85, JC69, K80, TN93
-from ._parse import estimated_parameters, parse_model
+from ._parse import estimated_parameters, model_string, parse_model
 from ._rates import DiscreteGamma, FreeRates, InvariantSites, RateVariation, UniformRates
 
 __all__ = [
-    "Model", "SubstitutionModel", "transition_matrices", "parse_model", "estimated_parameters",
+    "Model", "SubstitutionModel", "transition_matrices", "parse_model", "model_string", "estimated_parameters",
     "JC69", "K80", "F81", "HKY85", "TN93", "GTR", "EmpiricalAminoAcid", "GY94",
     "RateVariation", "UniformRates", "DiscreteGamma", "FreeRates", "InvariantSites",
     "empirical_frequencies", "codon_frequencies",

@@ -15,7 +15,7 @@ import numpy as np
 from .._alignment import Alignment
 from .._alphabet import DNA, PROTEIN, codon_alphabet
 from .._errors import ModelError
-from ._amino_acid import EMPIRICAL_MODELS, EmpiricalAminoAcid
+from ._amino_acid import EMPIRICAL_MODELS, EmpiricalAminoAcid, empirical_matrix
 from ._codon import GY94
 from ._frequencies import codon_frequencies, empirical_frequencies
 from ._model import Model
@@ -258,3 +258,38 @@ def _rate_variation(terms, string):
                 raise ModelError(f"model {string!r}: +R weights and rates must be positive")
             rates = FreeRates(jnp.asarray(pairs[:, 0]), jnp.asarray(pairs[:, 1]))
     return rates if invariant is None else InvariantSites(invariant, rates)
+
+
+def model_string(model: Model) -> str:
+    """`model` in IQ-TREE's syntax with every value in braces, so that `parse_model` gives it back.
+
+    E.g. `GTR{1.2,3.4,0.8,1.1,4,1}+F{0.3,0.2,0.2,0.3}+G4{0.52}`. Equal-frequency
+    models (JC69, K80) and amino-acid models with their own frequencies write
+    no frequency term.
+    """
+    sub, rates = model.substitution, model.rate_variation
+    numbers = lambda values: ",".join(f"{float(v):.6g}" for v in jnp.ravel(jnp.asarray(values)))
+    if isinstance(sub, EmpiricalAminoAcid):
+        text = sub.name
+        own = empirical_matrix(sub.name)[1]
+        if not np.allclose(np.asarray(sub.frequencies), own / own.sum(), atol=1e-12):
+            text += f"+F{{{numbers(sub.frequencies)}}}"
+    else:
+        text = {JC69: "JC69", K80: "K80", F81: "F81", HKY85: "HKY85", TN93: "TN93", GTR: "GTR", GY94: "GY94"}[type(sub)]
+        values = {K80: lambda s: [s.kappa], HKY85: lambda s: [s.kappa], GY94: lambda s: [s.kappa, s.omega],
+                  TN93: lambda s: [s.kappa_purine, s.kappa_pyrimidine], GTR: lambda s: s.rates / s.rates[-1]}
+        if type(sub) in values:
+            text += f"{{{numbers(jnp.stack([jnp.asarray(v) for v in values[type(sub)](sub)]))}}}"
+        if not isinstance(sub, (JC69, K80)):
+            text += f"+F{{{numbers(sub.frequencies)}}}"
+    invariant = rates.proportion_invariant if isinstance(rates, InvariantSites) else None
+    base = rates.base if isinstance(rates, InvariantSites) else rates
+    if invariant is not None:
+        text += f"+I{{{numbers(invariant)}}}"
+    if isinstance(base, DiscreteGamma):
+        text += f"+G{base.num_categories}{{{numbers(base.shape)}}}"
+    elif isinstance(base, FreeRates):
+        weights = base.weights / jnp.sum(base.weights)
+        means = base.rates / jnp.sum(weights * base.rates)
+        text += f"+R{weights.shape[0]}{{{numbers(jnp.stack([weights, means], axis=1))}}}"
+    return text

@@ -1,0 +1,73 @@
+"""Branch lengths of a batch of trees by simultaneous per-branch Newton steps.
+
+One sweep: one post-order and one pre-order pass give `d log L / dt` and
+`d^2 log L / dt^2` for every branch of every tree (`layout_branch_derivatives`);
+every branch takes its own Newton step `t - f'/f''` (where `f'' >= 0`, it
+doubles or halves `t` in the direction of `f'`), clipped to [1e-6, 10]. The
+steps ignore the coupling between branches, so each tree then takes the best
+of the fractions 1, 1/2, 1/4 and 0 of its step (one likelihood call over
+four copies of the batch): log L never decreases. A tree has converged when a
+sweep gains it less than `tolerance`.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from .._schedule import device_schedule
+from ..likelihood._api import _batch_pattern_log_likelihoods, batch_layout_lengths
+from ..likelihood._derivatives import layout_branch_derivatives
+from ._parameters import MAX_LENGTH, MIN_LENGTH
+
+FRACTIONS = (1.0, 0.5, 0.25, 0.0)
+
+
+def node_branch_derivatives(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], model, data,
+                            weights: Float[Array, "B P"], widths, dtype):
+    """`(f' [B, M], f'' [B, M], log L [B])` for the branch above every kernel node."""
+    schedule = device_schedule(parents, widths)
+    first, second, log_l = layout_branch_derivatives(model, batch_layout_lengths(lengths, schedule), data, weights,
+                                                     schedule, dtype)
+    batch, m = parents.shape
+    rows = jnp.arange(batch)[:, None]
+    to_nodes = lambda per_id: jnp.zeros((batch, m + 1), per_id.dtype).at[rows, schedule.layout].add(per_id)[:, :m]
+    return to_nodes(first), to_nodes(second), log_l
+
+
+@eqx.filter_jit
+def newton_lengths(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], fixed: Bool[Array, "B M"], problem,
+                   tolerance: float, max_sweeps: int = 50):
+    """Optimised lengths and log L of every tree, and the sweeps taken."""
+    batch = parents.shape[0]
+
+    def log_likelihoods(candidates):
+        k = len(FRACTIONS)
+        per = _batch_pattern_log_likelihoods(problem.model, jnp.tile(parents, (k, 1)), candidates.reshape(k * batch, -1),
+                                             problem.data, problem.widths, problem.dtype)
+        return jnp.sum(jnp.tile(problem.weights, (k, 1)) * per, axis=-1).reshape(k, batch)
+
+    def sweep(state):
+        lengths, _, gain, k = state
+        d1, d2, now = node_branch_derivatives(parents, lengths, problem.model, problem.data, problem.weights,
+                                              problem.widths, problem.dtype)
+        newton = lengths - d1 / jnp.where(d2 < 0, d2, -1.0)
+        target = jnp.where(d2 < 0, newton, jnp.where(d1 > 0, 2 * lengths, 0.5 * lengths))
+        target = jnp.where(fixed, lengths, jnp.clip(target, MIN_LENGTH, MAX_LENGTH))
+        fractions = jnp.asarray(FRACTIONS, lengths.dtype)[:, None, None]
+        candidates = lengths + fractions * (target - lengths)
+        values = log_likelihoods(candidates)
+        best = jnp.argmax(values, axis=0)
+        new = jnp.take_along_axis(candidates, best[None, :, None], axis=0)[0]
+        value = jnp.max(values, axis=0)
+        return new, value, value - now, k + 1
+
+    def going(state):
+        _, _, gain, k = state
+        return (k < max_sweeps) & jnp.any(gain >= tolerance)
+
+    start = (lengths, jnp.full(batch, -jnp.inf, lengths.dtype), jnp.full(batch, jnp.inf, lengths.dtype), 0)
+    lengths, value, _, sweeps = jax.lax.while_loop(going, sweep, start)
+    return lengths, value, sweeps

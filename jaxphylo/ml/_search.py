@@ -1,0 +1,395 @@
+"""Maximum-likelihood topology search: NNI hill climbing on batches of trees, with perturbation.
+
+The search holds a batch of kernel trees on the device (`parents [B, M]`,
+`branch_lengths [B, M]`, rooted on tip 0). One round scores every NNI of every
+tree from the current partials (`_nni`), applies the best non-conflicting
+improving ones, and re-fits all branch lengths by L-BFGS; if that combination
+does not improve a tree, the best single NNI is tried instead (IQ-TREE's
+rule). A tree is locally optimal when no NNI gains more than `epsilon`.
+
+Escaping local optima is IQ-TREE's stochastic scheme run as a batch: each
+perturbation round copies the best tree `batch` times, applies random
+independent NNIs to about half of each copy's edges, and hill-climbs all copies
+at once; the search stops after `patience` perturbed trees in a row found
+nothing better (IQ-TREE: 100, one at a time).
+
+All shapes are fixed by `N`, the pattern count and the batch size, so a whole
+search compiles a fixed handful of programs, whatever the number of moves.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._alignment import Alignment
+from .._distances import distances
+from .._errors import InputError
+from .._neighbor_joining import bionj
+from .._parsimony import parsimony_tree
+from .._schedule import phase_widths
+from .._simulate import random_topology_tree
+from .._tree import Tree, TreeBatch
+from ..likelihood import pattern_data
+from ..likelihood._api import PRECISIONS, _batch_pattern_log_likelihoods, max_step_width
+from ..models import Model
+from ._fit import MLResult, resolve_model
+from ._newton import newton_lengths
+from ._nni import apply_nnis, independent_moves, nni_scores
+from ._optimise import minimise
+from ._parameters import ModelCoordinates, lengths_from_unconstrained, lengths_to_unconstrained
+from ._rooting import fixed_branches, root_on_first_tip
+from ._spr import spr_candidates
+
+SEARCH_TOLERANCE = 0.01  # log-likelihood units over five L-BFGS iterations while searching; 1e-3 for model fits
+
+
+@dataclass
+class SearchSettings:
+    batch: int = 4  # perturbed copies hill-climbed together
+    patience: int = 100  # perturbed trees in a row without improvement before stopping
+    perturbation: float = 0.5  # fraction of internal edges a perturbation tries to swap
+    epsilon: float = 1e-3  # smallest gain that counts as an improvement
+    radius: int = 6  # SPR regraft radius in branches (IQ-TREE's default); 0 turns SPR off
+    candidates: int = 5  # best distinct trees kept for perturbation (IQ-TREE's default)
+    lengths_method: str = "auto"  # branch-length optimiser during the search: "lbfgs", "newton" or "auto"
+    spr_chunk: int = 64  # SPR candidates scored per device call
+    spr_limit: int = 4096  # SPR candidates per round at most (prunings sampled beyond it)
+
+    def __post_init__(self):
+        for name in ("batch", "candidates", "spr_chunk", "spr_limit", "max_rounds"):
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"search setting {name} must be at least 1, got {getattr(self, name)}")
+        for name in ("patience", "radius"):
+            if int(getattr(self, name)) < 0:
+                raise InputError(f"search setting {name} must not be negative, got {getattr(self, name)}")
+        if self.lengths_method not in LENGTHS_METHODS:
+            raise InputError(f"lengths_method must be one of {', '.join(LENGTHS_METHODS)}, not {self.lengths_method!r}")
+        if not 0 < self.perturbation <= 1:
+            raise InputError(f"perturbation must be in (0, 1], got {self.perturbation}")
+    max_rounds: int = 10_000
+    max_seconds: float = float("inf")
+
+
+class Problem(eqx.Module):
+    """What every step of a search needs: model, pattern data, per-tree pattern weights, fixed-branch mask."""
+
+    model: Model
+    data: object
+    weights: jax.Array  # [B or 1, patterns]
+    widths: tuple[int, ...] = eqx.field(static=True)
+    dtype: object = eqx.field(static=True)
+    lengths_method: str = eqx.field(static=True, default="auto")
+
+
+def _lengths_objective(u, parents, fixed, problem: Problem):
+    lengths = jnp.where(fixed, 0.0, lengths_from_unconstrained(u))
+    per = _batch_pattern_log_likelihoods(problem.model, parents, lengths, problem.data, problem.widths, problem.dtype)
+    return -jnp.sum(problem.weights * per)
+
+
+def _joint_objective(params, parents, fixed, coordinates: ModelCoordinates, problem: Problem):
+    problem = eqx.tree_at(lambda p: p.model, problem, coordinates.model(params["model"]))
+    return _lengths_objective(params["lengths"], parents, fixed, problem)
+
+
+def optimise_model_and_lengths(parents, lengths, fixed, coordinates: ModelCoordinates, problem: Problem,
+                               tolerance: float):
+    """Re-fit the free model parameters (shared by the batch) and every tree's branch lengths together."""
+    fits = [minimise(_joint_objective, {"model": start, "lengths": lengths_to_unconstrained(lengths)},
+                     (parents, fixed, coordinates, problem), "lbfgs", tolerance, 2000) for start in coordinates.starts()]
+    params, _, iterations = min(fits, key=lambda result: float(result[1]))
+    model = coordinates.model(params["model"])
+    lengths = jnp.where(fixed, 0.0, lengths_from_unconstrained(params["lengths"]))
+    problem = eqx.tree_at(lambda p: p.model, problem, model)
+    return model, lengths, tree_log_likelihoods(parents, lengths, problem), coordinates.named_values(params["model"]), \
+        int(iterations)
+
+
+LENGTHS_METHODS = ("auto", "lbfgs", "newton")
+
+
+def optimise_lengths(parents, lengths, fixed, problem: Problem, tolerance: float = SEARCH_TOLERANCE):
+    """Re-fit every free branch length of every tree: `(lengths, log L)`.
+
+    "newton" (`_newton`: per-branch Newton sweeps) or "lbfgs" (an L-BFGS per
+    tree); "auto" takes L-BFGS on the CPU, where the C++ kernel makes each of
+    its many cheap evaluations fast, and Newton elsewhere, where every pass
+    costs a launch latency and Newton needs far fewer passes (see
+    benchmarks/results/ml_search-*.json).
+    """
+    method = problem.lengths_method
+    if method == "auto":
+        method = "lbfgs" if jax.default_backend() == "cpu" else "newton"
+    if method == "newton":
+        lengths, value, _ = newton_lengths(parents, lengths, fixed, problem, tolerance)
+        return lengths, value
+    return lbfgs_lengths(parents, lengths, fixed, problem, tolerance)
+
+
+@eqx.filter_jit
+def lbfgs_lengths(parents, lengths, fixed, problem: Problem, tolerance: float, max_iterations: int = 200):
+    """Each tree by its own L-BFGS (vmapped: one program, every tree at once).
+
+    Separate optimisers, not one on the summed log L: a shared line search would
+    let the worst-conditioned tree set every tree's step.
+    """
+    def one_tree(parent, length, fixed, weights):
+        alone = eqx.tree_at(lambda p: p.weights, problem, weights[None])
+        u, value, _ = minimise(_lengths_objective, lengths_to_unconstrained(length[None]),
+                               (parent[None], fixed[None], alone), "lbfgs", tolerance, max_iterations)
+        return jnp.where(fixed, 0.0, lengths_from_unconstrained(u[0])), -value
+
+    return jax.vmap(one_tree)(parents, lengths, fixed, problem.weights)
+
+
+@eqx.filter_jit
+def tree_log_likelihoods(parents, lengths, problem: Problem):
+    per = _batch_pattern_log_likelihoods(problem.model, parents, lengths, problem.data, problem.widths, problem.dtype)
+    return jnp.sum(problem.weights * per, axis=-1)
+
+
+@eqx.filter_jit
+def _propose(parents, lengths, problem: Problem):
+    """All chosen improving NNIs of each tree, and the best single one, as two batches of trees."""
+    scores = nni_scores(parents, lengths, problem.model, problem.data, problem.weights, problem.widths, problem.dtype)
+    which = jnp.argmax(scores.gains, axis=-1)
+    gain = jnp.max(scores.gains, axis=-1)
+    chosen = independent_moves(gain, scores.nodes, parents.shape[1])
+    best = jax.nn.one_hot(jnp.argmax(gain, axis=-1), gain.shape[1], dtype=bool) & (gain > 0)
+    return apply_nnis(parents, lengths, scores, chosen, which), apply_nnis(parents, lengths, scores, best, which), \
+        jnp.any(chosen, axis=-1)
+
+
+@eqx.filter_jit
+def _perturb(parents, lengths, problem: Problem, key, fraction):
+    """Random NNIs on about `fraction` of each tree's internal edges (no two touching the same nodes)."""
+    scores = nni_scores(parents, lengths, problem.model, problem.data, problem.weights, problem.widths, problem.dtype)
+    k1, k2 = jax.random.split(key)
+    draw = jax.random.uniform(k1, scores.valid.shape)
+    priority = jnp.where(scores.valid & (draw < fraction), 1.0 + draw, 0.0)
+    chosen = independent_moves(priority, scores.nodes, parents.shape[1])
+    which = jax.random.bernoulli(k2, 0.5, scores.valid.shape).astype(jnp.int32)
+    return apply_nnis(parents, lengths, scores, chosen, which)
+
+
+def nni_climb(parents, lengths, log_likelihoods, fixed, problem: Problem, settings: SearchSettings, on_round=None):
+    """NNI rounds until no tree of the batch improves; returns the trees and their log L."""
+    for _ in range(settings.max_rounds):
+        (all_p, all_l), (one_p, one_l), any_move = _propose(parents, lengths, problem)
+        if not bool(jnp.any(any_move)):
+            break
+        candidates_l, candidate_ll = optimise_lengths(jnp.concatenate([all_p, one_p]), jnp.concatenate([all_l, one_l]),
+                                                      jnp.concatenate([fixed, fixed]), _doubled(problem))
+        b = parents.shape[0]
+        options = jnp.stack([log_likelihoods, candidate_ll[:b], candidate_ll[b:]])
+        improved = jnp.max(options, axis=0) > log_likelihoods + settings.epsilon
+        pick = jnp.where(improved, jnp.argmax(options, axis=0), 0)[None, :, None]
+        parents = jnp.take_along_axis(jnp.stack([parents, all_p, one_p]), pick, axis=0)[0]
+        lengths = jnp.take_along_axis(jnp.stack([lengths, candidates_l[:b], candidates_l[b:]]), pick, axis=0)[0]
+        log_likelihoods = jnp.where(improved, jnp.max(options, axis=0), log_likelihoods)
+        if on_round is not None:
+            on_round(float(jnp.max(log_likelihoods)))
+        if not bool(jnp.any(improved)):
+            break
+    return parents, lengths, log_likelihoods
+
+
+def spr_step(parent, lengths, log_likelihood, problem_of, batch: int, settings: SearchSettings):
+    """The best SPR of one tree within the radius, if it improves log L: `(parent, lengths, log L, improved)`."""
+    candidates_p, candidates_l = spr_candidates(np.asarray(parent), np.asarray(lengths), settings.radius,
+                                                settings.spr_limit, seed=int(np.asarray(parent).sum()))
+    if len(candidates_p) == 0:
+        return parent, lengths, log_likelihood, False
+    chunk = settings.spr_chunk
+    scores = []
+    for k in range(0, len(candidates_p), chunk):
+        p, l = _padded(candidates_p[k:k + chunk], chunk), _padded(candidates_l[k:k + chunk], chunk)
+        scores.append(np.asarray(tree_log_likelihoods(jnp.asarray(p), jnp.asarray(l), problem_of(chunk))))
+    scores = np.concatenate(scores)[: len(candidates_p)]
+    top = np.argsort(-scores)[:2 * batch]  # as many as an NNI round re-fits: the same compiled program
+    p, l = jnp.asarray(_padded(candidates_p[top], 2 * batch)), jnp.asarray(_padded(candidates_l[top], 2 * batch))
+    l, ll = optimise_lengths(p, l, fixed_branches(p), problem_of(2 * batch))
+    k = int(jnp.argmax(ll))
+    if float(ll[k]) > log_likelihood + settings.epsilon:
+        return p[k], l[k], float(ll[k]), True
+    return parent, lengths, log_likelihood, False
+
+
+def _padded(x, size):
+    """`x` with its first row repeated up to `size` rows (fixed shapes: one compiled program)."""
+    return np.concatenate([x, np.repeat(x[:1], size - len(x), axis=0)]) if len(x) < size else x
+
+
+def climb(parents, lengths, log_likelihoods, problem_of, settings: SearchSettings, on_round=None):
+    """NNI climbing of the whole batch, then SPR rounds (each followed by NNIs) on its best tree.
+
+    Returns the climbed batch, the best tree moved into slot 0 after its SPR rounds.
+    """
+    batch = parents.shape[0]
+    parents, lengths, log_likelihoods = nni_climb(parents, lengths, log_likelihoods, fixed_branches(parents),
+                                                  problem_of(batch), settings, on_round)
+    k = int(jnp.argmax(log_likelihoods))
+    best = parents[k], lengths[k], float(log_likelihoods[k])
+    while settings.radius > 0:
+        p, l, ll, improved = spr_step(*best, problem_of, batch, settings)
+        if not improved:
+            break
+        p, l = jnp.broadcast_to(p, (batch,) + p.shape), jnp.broadcast_to(l, (batch,) + l.shape)
+        p, l, lls = nni_climb(p, l, jnp.full(batch, ll), fixed_branches(p), problem_of(batch), settings, None)
+        best = p[0], l[0], float(lls[0])
+        if on_round is not None:
+            on_round(best[2])
+    swap = lambda x, y: x.at[k].set(x[0]).at[0].set(y)
+    return swap(parents, best[0]), swap(lengths, best[1]), swap(log_likelihoods, best[2])
+
+
+class CandidateSet:
+    """The best distinct trees found so far (IQ-TREE keeps five), the trees that perturbations start from."""
+
+    def __init__(self, size: int, taxa):
+        self.size, self.taxa, self.trees = size, taxa, {}
+
+    def add(self, parents, lengths, log_likelihoods) -> None:
+        for p, l, ll in zip(parents, lengths, np.asarray(log_likelihoods)):
+            from ._support import _kernel_splits
+
+            key = frozenset(x for x in _kernel_splits(np.asarray(p), self.taxa) if x is not None)
+            if key not in self.trees or self.trees[key][0] < ll:
+                self.trees[key] = (float(ll), p, l)
+        kept = sorted(self.trees.items(), key=lambda item: -item[1][0])[: self.size]
+        self.trees = dict(kept)
+
+    def best(self):
+        return max(self.trees.values(), key=lambda t: t[0])
+
+    def stacked(self, count: int):
+        """`count` trees cycling through the candidates, best first: `(parents, lengths)`."""
+        ranked = sorted(self.trees.values(), key=lambda t: -t[0])
+        chosen = [ranked[k % len(ranked)] for k in range(count)]
+        return jnp.stack([c[1] for c in chosen]), jnp.stack([c[2] for c in chosen])
+
+
+def _doubled(problem: Problem) -> Problem:
+    return eqx.tree_at(lambda p: p.weights, problem, jnp.concatenate([problem.weights, problem.weights]))
+
+
+def start_trees(alignment: Alignment, start, starts: int, seed: int) -> list[Tree]:
+    """`starts` trees: the first BIONJ (default), the user's tree or a random one; the others randomised
+    stepwise-addition parsimony trees (IQ-TREE's and RAxML's starts: diverse and reasonable)."""
+    if isinstance(start, Tree):
+        _check_start(alignment, start)
+        first = start
+    elif start in (None, "bionj"):
+        first = bionj(distances(alignment, saturated=5.0), alignment.taxa)
+    elif start == "random":
+        first = random_topology_tree(alignment.taxa, seed=seed)
+    else:
+        raise InputError(f"start must be a Tree, 'bionj' or 'random', not {start!r}")
+    trees = [first] + [parsimony_tree(alignment, seed=seed + k) for k in range(1, starts)]
+    return [t.with_branch_lengths(np.clip(np.asarray(t.branch_lengths, float), 1e-3, 1.0)) for t in trees]
+
+
+def check_inputs(alignment: Alignment, model, start=None) -> None:
+    """Fail early, in one line, on a model that does not parse or a start tree with other taxa."""
+    resolve_model(model, alignment)
+    if isinstance(start, Tree):
+        _check_start(alignment, start)
+
+
+def _check_start(alignment: Alignment, tree: Tree) -> None:
+    if only := sorted(set(tree.taxa) - set(alignment.taxa)):
+        raise InputError(f"start tree: taxon {only[0]!r} is not in {alignment.source}")
+    if only := sorted(set(alignment.taxa) - set(tree.taxa)):
+        raise InputError(f"start tree: taxon {only[0]!r} of {alignment.source} is missing")
+
+
+def kernel_batch(trees: list[Tree]) -> TreeBatch:
+    """Trees as a search batch, each rooted on tip 0."""
+    batch = TreeBatch.from_trees(trees)
+    rooted = [root_on_first_tip(p, l) for p, l in zip(np.asarray(batch.parents), np.asarray(batch.branch_lengths))]
+    parents = np.stack([p for p, _ in rooted])
+    lengths = np.stack([l for _, l in rooted])
+    return TreeBatch(jnp.asarray(parents), jnp.asarray(lengths), batch.taxa)
+
+
+def search(
+    alignment: Alignment,
+    model: str | Model,
+    start: Tree | str | None = None,
+    *,
+    starts: int = 1,
+    seed: int = 0,
+    settings: SearchSettings | None = None,
+    precision: str = "float64",
+    progress=None,
+) -> MLResult:
+    """The maximum-likelihood tree: model fitted on the start tree, NNI hill climbing with perturbation, final fit.
+
+    `start`: None or "bionj" (BIONJ on `jp.distances`), "random", or a `Tree`;
+    `starts > 1` adds random trees, all hill-climbed together. `progress`, if
+    given, is called with `(round, best log L, seconds)` after every round.
+    """
+    settings = settings or SearchSettings()
+    began = time.perf_counter()
+    template, free = resolve_model(model, alignment)
+    trees = start_trees(alignment, start, starts, seed)
+    size = max(settings.batch, starts)
+    batch = kernel_batch(trees + trees[:1] * (size - len(trees)))
+    data = pattern_data(alignment, batch)
+    dtype = PRECISIONS[precision]
+    widths = phase_widths(batch.num_tips, max_step_width(template, data, dtype, max(2 * size, settings.spr_chunk)))
+    model_now = template
+
+    def problem_of(b):
+        return Problem(model_now, data, jnp.broadcast_to(data.weights, (b, data.weights.shape[0])), widths, dtype,
+                       settings.lengths_method)
+
+    trace = []
+
+    def on_round(best):
+        trace.append((len(trace) + 1, best, time.perf_counter() - began))
+        if progress is not None:
+            progress(*trace[-1])
+
+    def refit(p, l, tolerance):
+        """Model and lengths of one tree re-fitted (IQ-TREE re-optimises the model between search phases)."""
+        coordinates = ModelCoordinates(model_now, free)
+        model, l, ll, values, iterations = optimise_model_and_lengths(p[None], l[None], fixed_branches(p[None]),
+                                                                      coordinates, problem_of(1), tolerance)
+        return model, l[0], float(ll[0]), values, iterations
+
+    # The model is fitted on the first start tree, then every start climbs under it.
+    # Lengths first, then the model with them (see `fit`), then the lengths of every start under it.
+    parents = batch.parents
+    lengths, _ = optimise_lengths(parents, batch.branch_lengths, fixed_branches(parents), problem_of(size), 1e-3)
+    model_now, first_l, _, _, _ = refit(parents[0], lengths[0], 1e-3)
+    lengths, log_l = optimise_lengths(parents, lengths.at[0].set(first_l), fixed_branches(parents), problem_of(size))
+    parents, lengths, log_l = climb(parents, lengths, log_l, problem_of, settings, on_round)
+    model_now, best_l, _, _, _ = refit(parents[0], lengths[0], 1e-3)
+    lengths, log_l = optimise_lengths(parents, lengths.at[0].set(best_l), fixed_branches(parents), problem_of(size))
+    candidates = CandidateSet(settings.candidates, batch.taxa)
+    candidates.add(parents, lengths, log_l)
+
+    key, failures = jax.random.PRNGKey(seed), 0
+    while failures < settings.patience and time.perf_counter() - began < settings.max_seconds:
+        key, sub = jax.random.split(key)
+        before = candidates.best()[0]
+        p, l = candidates.stacked(size)
+        p, l = _perturb(p, l, problem_of(size), sub, settings.perturbation)
+        l, ll = optimise_lengths(p, l, fixed_branches(p), problem_of(size))
+        candidates.add(*climb(p, l, ll, problem_of, settings, on_round))
+        failures = 0 if candidates.best()[0] > before + settings.epsilon else failures + size
+    _, best_p, best_l = candidates.best()
+
+    model_now, best_l, best_ll, values, iterations = refit(best_p, best_l, 1e-3)
+    tree = TreeBatch(best_p[None], best_l[None], batch.taxa).to_trees(rooted=False)[0]
+    return MLResult(tree=tree, model=model_now, log_likelihood=best_ll, iterations=iterations,
+                    seconds=time.perf_counter() - began, parameters={k: np.asarray(v).tolist() for k, v in values.items()},
+                    search_rounds=len(trace), trace=trace)

@@ -1,0 +1,166 @@
+"""Branch support: non-parametric bootstrap and SH-aLRT, and the splits they are counted on.
+
+A split is the set of taxa on one side of an internal branch, written as the
+side without the alphabetically first taxon (so each split of an unrooted tree
+has one form, whatever order a tree lists its taxa in).
+
+SH-aLRT (Guindon et al. 2010): for an internal branch with log-likelihood
+`L0` on the ML tree and `L1`, `L2` after its two NNIs (central branch
+re-fitted), `delta = 2 (L0 - max(L1, L2))`. RELL replicates resample the
+per-site log-likelihoods of the three trees; centred (`c_i = L_i* - L_i`),
+each gives `delta* = 2 (largest c - second largest c)`, and the support is the
+percentage of replicates with `delta > delta*` (PhyML's and IQ-TREE's SH-like test).
+
+The bootstrap resamples alignment columns: a replicate is a vector of pattern
+counts, so all replicates run as one batch of trees (one weight row each)
+through the same NNI climbing as the search, each from the BIONJ tree of its
+own columns, under the ML model. Support = percentage of replicate trees
+that contain the split.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._alignment import Alignment
+from .._distances import distances
+from .._neighbor_joining import bionj
+from .._tree import Topology, Tree, TreeBatch
+from ..likelihood import pattern_data
+from ..likelihood._api import PRECISIONS, max_step_width
+from .._schedule import phase_widths
+from ._fit import MLResult
+from ._nni import nni_scores
+from ._rooting import fixed_branches
+
+
+def splits(tree: Tree) -> dict[frozenset, int]:
+    """Non-trivial splits of an unrooted tree, each mapped to the node whose branch it is."""
+    topology, taxa = tree.topology, tree.taxa
+    below: list[set] = [{taxa[k]} if k < topology.num_tips else set() for k in range(topology.num_nodes)]
+    for node, up in enumerate(topology.parent):  # children precede parents
+        if up >= 0:
+            below[up] |= below[node]
+    everything, out, reference = set(taxa), {}, min(taxa)
+    for node in range(topology.num_tips, topology.num_nodes):
+        side = below[node] if reference not in below[node] else everything - below[node]
+        if 1 < len(side) < len(taxa) - 1:
+            out[frozenset(side)] = node
+    return out
+
+
+def robinson_foulds(a: Tree, b: Tree) -> int:
+    """The number of non-trivial splits in one tree but not the other."""
+    return len(set(splits(a)) ^ set(splits(b)))
+
+
+def with_supports(tree: Tree, supports: dict[frozenset, float]) -> Tree:
+    """`tree` with its internal branches labelled by support (rounded percentages); other labels dropped."""
+    labels = [None] * tree.topology.num_nodes
+    for split, node in splits(tree).items():
+        if split in supports:
+            labels[node] = f"{supports[split]:.0f}"
+    topology = Topology(tree.topology.parent, tree.taxa, tree.topology.rooted, tuple(labels))
+    return Tree(tree.branch_lengths, topology)
+
+
+def combine_labels(tree: Tree, *labelled: Tree, separator: str = "/") -> Tree:
+    """One tree whose internal labels join those of several labelled copies (IQ-TREE writes `alrt/bootstrap`)."""
+    parts = [t.topology.labels for t in labelled]
+    labels = tuple(separator.join(p[k] for p in parts if p[k] is not None) or None for k in range(tree.topology.num_nodes))
+    return Tree(tree.branch_lengths, Topology(tree.topology.parent, tree.taxa, tree.topology.rooted, labels))
+
+
+def _kernel_splits(parent: np.ndarray, taxa) -> list[frozenset | None]:
+    """The split of the branch above every node of a kernel tree (None for trivial ones)."""
+    n, m = len(taxa), len(parent)
+    below: list[set] = [{taxa[k]} if k < n else set() for k in range(m)]
+    depth = np.zeros(m, int)
+    for k in range(m):
+        node = k
+        while parent[node] >= 0:
+            node, depth[k] = parent[node], depth[k] + 1
+    for node in sorted(range(m), key=lambda k: -depth[k]):
+        if parent[node] >= 0:
+            below[parent[node]] |= below[node]
+    everything, reference = set(taxa), min(taxa)
+    out = []
+    for k in range(m):
+        side = below[k] if reference not in below[k] else everything - below[k]
+        out.append(frozenset(side) if 1 < len(side) < n - 1 else None)
+    return out
+
+
+def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed: int = 0,
+            precision: str = "float64") -> dict[frozenset, float]:
+    """SH-aLRT support (percent) of every internal branch of the ML tree, by split."""
+    from ._search import kernel_batch
+
+    batch = kernel_batch([result.tree])
+    data = pattern_data(alignment, batch)
+    dtype = PRECISIONS[precision]
+    widths = phase_widths(batch.num_tips, max_step_width(result.model, data, dtype))
+    scores = jax.jit(nni_scores, static_argnums=(5, 6, 7))(batch.parents, batch.branch_lengths, result.model, data,
+                                                           jnp.asarray(data.weights)[None], widths, dtype, True)
+    valid = np.asarray(scores.valid[0])
+    nodes = np.asarray(scores.nodes[0, :, 0])
+    per = np.asarray(scores.pattern_gains[0])  # [K, 2, P]: L1 - L0, L2 - L0 per pattern
+    weights = np.asarray(data.weights)
+    rng = np.random.default_rng(seed)
+    counts = rng.multinomial(int(weights.sum()), weights / weights.sum(), size=replicates)  # [R, P]
+    # Centred RELL values relative to L0: c0 = 0 - 0, c_i = (sum_R (L_i - L0)) - (sum_obs (L_i - L0)).
+    observed = per @ weights  # [K, 2]
+    resampled = np.einsum("kjp,rp->rkj", per, counts)
+    centred = np.concatenate([np.zeros(resampled.shape[:2] + (1,)), resampled - observed[None]], axis=2)
+    top2 = np.sort(centred, axis=2)[:, :, -2:]
+    delta_star = 2 * (top2[..., 1] - top2[..., 0])
+    delta = 2 * (0.0 - observed.max(axis=1))  # 2 (L0 - max(L1, L2))
+    support = 100.0 * np.mean(delta[None] > delta_star, axis=0)
+    support = np.where(delta < 0, 0.0, support)  # an NNI that beats the ML tree: no support
+    kernel = _kernel_splits(np.asarray(batch.parents[0]), batch.taxa)
+    return {kernel[v]: float(support[k]) for k, v in enumerate(nodes) if valid[k] and kernel[v] is not None}
+
+
+def _resampled(alignment: Alignment, columns: np.ndarray) -> Alignment:
+    """The alignment made of `columns` (model units: codons for codon data), in that order."""
+    width = alignment.alphabet.symbol_width
+    cells = np.array([np.frombuffer(s.encode("ascii", "replace"), f"S{width}") for s in alignment.sequences])
+    sequences = tuple(b"".join(row).decode("ascii") for row in cells[:, columns])
+    return Alignment(alignment.taxa, sequences, alignment.alphabet, alignment.source)
+
+
+def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, seed: int = 0, settings=None,
+              precision: str = "float64", progress=None) -> tuple[dict[frozenset, float], list[Tree]]:
+    """Bootstrap support (percent) of every split of the ML tree, and the replicate trees.
+
+    Every replicate runs in one batch: its own pattern weights, its own BIONJ
+    start, NNI climbing with branch lengths re-fitted under the ML model.
+    """
+    from ._search import Problem, SearchSettings, kernel_batch, nni_climb, optimise_lengths
+
+    settings = settings or SearchSettings()
+    rng = np.random.default_rng(seed)
+    patterns = alignment.site_patterns()
+    columns = rng.integers(0, alignment.num_sites, size=(replicates, alignment.num_sites))
+    starts = []
+    for row in columns:
+        resampled = _resampled(alignment, row)
+        tree = bionj(distances(resampled, saturated=5.0), alignment.taxa)
+        starts.append(tree.with_branch_lengths(np.clip(np.asarray(tree.branch_lengths, float), 1e-3, 1.0)))
+    site_pattern = patterns.site_pattern
+    counts = np.stack([np.bincount(site_pattern[row], minlength=patterns.num_patterns) for row in columns])
+    batch = kernel_batch(starts)
+    data = pattern_data(alignment, batch)
+    dtype = PRECISIONS[precision]
+    widths = phase_widths(batch.num_tips, max_step_width(result.model, data, dtype, 2 * replicates))
+    problem = Problem(result.model, data, jnp.asarray(counts, dtype), widths, dtype, settings.lengths_method)
+    fixed = fixed_branches(batch.parents)
+    lengths, log_l = optimise_lengths(batch.parents, batch.branch_lengths, fixed, problem)
+    parents, lengths, _ = nni_climb(batch.parents, lengths, log_l, fixed, problem, settings,
+                                    (lambda best: progress(best)) if progress else None)
+    trees = TreeBatch(parents, lengths, batch.taxa).to_trees(rooted=False)
+    found = [set(splits(t)) for t in trees]
+    supports = {split: 100.0 * np.mean([split in f for f in found]) for split in splits(result.tree)}
+    return supports, trees

@@ -1,0 +1,202 @@
+"""Maximum likelihood: fits against IQ-TREE 2, exact NNI scores, search, support, compilations, the CLI.
+
+Fit tolerance: our optimum may not be more than 0.01 below IQ-TREE's with
+`--epsilon 1e-6` (its optimiser run to convergence; IQ-TREE prints four
+decimals), nor suspiciously far above it (0.05: a different model would show
+as more than that). NNI scores are checked against whole-tree likelihoods to
+1e-8 (both float64; the only difference is the order of the sums).
+"""
+
+import logging
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxphylo as jp
+from jaxphylo import ml
+from jaxphylo._schedule import phase_widths
+from jaxphylo.likelihood import batch_data_log_likelihoods, pattern_data
+from jaxphylo.ml._nni import apply_nnis, nni_scores
+from jaxphylo.ml._search import kernel_batch
+from conftest import dataset, require, write_fasta
+
+
+def iqtree_fit(alignment_path, tree_path, model, workdir, data_type=None) -> float:
+    """IQ-TREE's maximum log L on a fixed topology (lengths and parameters optimised, tight tolerance)."""
+    require("iqtree2")
+    command = ["iqtree2", "-s", str(alignment_path), "-te", str(tree_path), "-m", model, "--epsilon", "1e-6",
+               "-pre", str(workdir / "fit"), "-redo", "-quiet", "-nt", "1", "-seed", "1", "-keep-ident"]
+    command += ["-st", data_type] if data_type else []
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    text = (workdir / "fit.iqtree").read_text()
+    return float(re.search(r"Log-likelihood of the tree: (-?[\d.]+)", text).group(1))
+
+
+def check_fit(alignment_path, tree_path, model, workdir, iq_type=None, **read):
+    alignment = jp.read_alignment(alignment_path, **read)
+    ours = ml.fit(alignment, jp.read_tree(tree_path), model)
+    reference = iqtree_fit(alignment_path, tree_path, model, workdir, iq_type)
+    assert reference - 0.01 < ours.log_likelihood < reference + 0.05, (model, ours.log_likelihood, reference)
+    again = jp.log_likelihood(alignment, ours.tree, jp.parse_model(ours.model_string, alignment))
+    assert float(again) == pytest.approx(ours.log_likelihood, abs=0.05)  # the written model string is the model
+    return ours
+
+
+@pytest.mark.parametrize("model", ["GTR+G4", "HKY+I+G4"])
+def test_fit_reaches_iqtree_optimum_on_real_data(model, tmp_path):
+    folder = dataset("DS1")
+    check_fit(folder / "alignment.fasta", folder / "tree.nwk", model, tmp_path)
+
+
+def test_fit_reaches_iqtree_optimum_for_a_protein_model(tmp_path):
+    taxa = [f"p{i}" for i in range(10)]
+    truth = jp.random_topology_tree(taxa, seed=2, mean_branch_length=0.15)
+    alignment = jp.simulate(truth, jp.parse_model("LG+G4{0.7}"), 300, seed=3)
+    jp.write_tree(truth, tmp_path / "tree.nwk")
+    check_fit(write_fasta(alignment, tmp_path / "aln.fasta"), tmp_path / "tree.nwk", "LG+G4", tmp_path, "AA",
+              data_type="protein")
+
+
+def test_fit_keeps_values_in_braces_fixed_and_lengths_in_bounds():
+    truth = jp.random_topology_tree([f"t{i}" for i in range(8)], seed=1, mean_branch_length=0.1)
+    alignment = jp.simulate(truth, jp.parse_model("HKY{4}+F{0.3,0.2,0.2,0.3}+G4{0.5}"), 400, seed=1)
+    result = ml.fit(alignment, truth, "HKY{4}+G4", optimizer="adam", max_iterations=50)
+    assert set(result.parameters) == {"gamma_shape"}
+    assert float(result.model.substitution.kappa) == 4.0
+    lengths = np.asarray(result.tree.branch_lengths)[:-1]
+    assert (lengths >= 1e-6).all() and (lengths <= 10).all()
+    with pytest.raises(jp.ModelError, match="optimizer"):
+        ml.fit(alignment, truth, "HKY", optimizer="newton")
+
+
+def test_nni_scores_equal_whole_tree_likelihoods():
+    alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(9)], seed=4), jp.parse_model("JC"),
+                            200, seed=2)
+    model = jp.parse_model("HKY{2.5}+F{0.3,0.2,0.2,0.3}+G4{0.3}")
+    trees = kernel_batch([jp.random_topology_tree(alignment.taxa, seed=k) for k in (7, 8)])
+    data = pattern_data(alignment, trees)
+    weights = jnp.broadcast_to(data.weights, (2, data.weights.shape[0]))
+    scores = jax.jit(nni_scores, static_argnums=(5, 6))(trees.parents, trees.branch_lengths, model, data, weights,
+                                                        phase_widths(9), jnp.float64)
+    now = batch_data_log_likelihoods(data, trees, model)
+    k_edges = scores.gains.shape[1]
+    assert int(scores.valid.sum()) == 2 * (9 - 3)  # every internal edge of an unrooted binary tree
+    for k in np.flatnonzero(np.asarray(scores.valid[0])):
+        for which in (0, 1):
+            chosen = jnp.zeros((2, k_edges), bool).at[:, k].set(scores.valid[:, k])
+            parents, lengths = apply_nnis(trees.parents, trees.branch_lengths, scores, chosen,
+                                          jnp.full((2, k_edges), which))
+            after = batch_data_log_likelihoods(data, jp.TreeBatch(parents, lengths, trees.taxa), model)
+            np.testing.assert_allclose(after - now, np.where(scores.valid[:, k], scores.gains[:, k, which], 0),
+                                       atol=1e-8)
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    """A 10-taxon tree with clear signal, its alignment, and the search result (shared: one compilation)."""
+    truth = jp.random_topology_tree([f"s{i}" for i in range(10)], seed=11, mean_branch_length=0.08)
+    truth = truth.with_branch_lengths(np.asarray(truth.branch_lengths) + 0.04)  # no branch too short to resolve
+    alignment = jp.simulate(truth, jp.parse_model("HKY{3}+F{0.3,0.2,0.2,0.3}+G4{0.8}"), 1500, seed=5)
+    settings = ml.SearchSettings(patience=4, batch=2)
+    return truth, alignment, settings, ml.search(alignment, "HKY+G4", settings=settings, seed=1)
+
+
+def test_search_recovers_the_simulated_tree(simulated):
+    truth, alignment, _, result = simulated
+    assert ml.robinson_foulds(result.tree, truth) == 0
+    assert result.log_likelihood >= ml.fit(alignment, truth, "HKY+G4").log_likelihood - 1e-3
+    assert float(result.model.substitution.kappa) == pytest.approx(3.0, rel=0.2)
+    rounds, best, _ = zip(*result.trace)
+    assert list(best) == sorted(best) or max(best) <= result.log_likelihood + 1e-3
+
+
+def test_search_from_a_random_start_and_several_starts(simulated):
+    truth, alignment, settings, result = simulated
+    again = ml.search(alignment, "HKY+G4", start="random", starts=2, settings=settings, seed=3)
+    assert ml.robinson_foulds(again.tree, truth) == 0
+    assert again.log_likelihood == pytest.approx(result.log_likelihood, abs=0.02)
+
+
+def test_a_search_compiles_a_fixed_set_of_programs(simulated):
+    """A second search with other moves and more rounds compiles nothing new: topologies are data."""
+    _, alignment, settings, _ = simulated
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            ml.search(alignment, "HKY+G4", start="random", settings=ml.SearchSettings(patience=8, batch=2), seed=9)
+    finally:
+        logger.removeHandler(handler)
+    compiled = [r for r in records if "Compiling" in r and "search" not in r]
+    heavy = [r for r in compiled if any(k in r for k in ("optimise", "propose", "perturb", "tree_log", "minimise"))]
+    assert heavy == [], heavy
+
+
+def test_supports_are_high_on_true_branches(simulated):
+    truth, alignment, settings, result = simulated
+    alrt = ml.sh_alrt(alignment, result, replicates=1000)
+    boot, replicates = ml.bootstrap(alignment, result, replicates=20, settings=settings)
+    true_splits = set(ml.splits(truth))
+    assert set(alrt) == set(boot) == true_splits  # every internal branch of the ML tree (= the true tree) labelled
+    assert min(boot.values()) >= 95 and min(alrt.values()) >= 90, (boot, alrt)
+    assert len(replicates) == 20
+    labelled = ml.with_supports(result.tree, boot)
+    assert sum(label is not None for label in labelled.topology.labels) == len(true_splits)
+
+
+def test_splits_do_not_depend_on_the_order_of_taxa():
+    tree = jp.parse_newick("((b:1,c:1):1,(a:1,d:1):1,(e:1,f:1):1);")
+    same = jp.parse_newick("((f:1,e:1):1,(d:1,a:1):1,(c:1,b:1):1);")
+    other = jp.parse_newick("((b:1,d:1):1,(a:1,c:1):1,(e:1,f:1):1);")
+    assert ml.robinson_foulds(tree, same) == 0 and ml.robinson_foulds(tree, other) == 4
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "jaxphylo.cli", *args], capture_output=True, text=True, timeout=900)
+
+
+def test_ml_command_writes_tree_json_and_log(simulated, tmp_path):
+    truth, alignment, _, _ = simulated
+    path = write_fasta(alignment, tmp_path / "sim.fasta")
+    result = run_cli("ml", str(path), "-m", "HKY+G4", "--patience", "2", "--batch", "2", "--alrt", "100",
+                     "--bootstrap", "4")
+    assert result.returncode == 0, result.stderr
+    assert "round" in result.stderr
+    import json
+    summary = json.loads((tmp_path / "sim.fasta.json").read_text())
+    assert summary["log_likelihood"] == pytest.approx(float(result.stdout))
+    assert summary["model"].startswith("HKY85{") and summary["search_rounds"] >= 1
+    tree = jp.read_tree(tmp_path / "sim.fasta.treefile")
+    assert ml.robinson_foulds(tree, truth) == 0
+    assert all(label is None or "/" in label for label in tree.topology.labels)
+    assert (tmp_path / "sim.fasta.log").read_text().startswith("# jaxphylo ml")
+
+
+@pytest.mark.parametrize("args,message", [
+    (("-m", "HKY+Q"), "unknown term"),
+    (("-m", "HKY", "--tree", "OTHER"), "taxon 'x' is not in"),
+])
+def test_ml_bad_input_is_one_line(tmp_path, args, message):
+    (tmp_path / "aln.fasta").write_text(">a\nACGTACGT\n>b\nACGTACGA\n>c\nACCTACGA\n>d\nTCGTACGA\n")
+    (tmp_path / "other.nwk").write_text("((a:1,b:1):1,(c:1,x:1):1);")
+    args = tuple(str(tmp_path / "other.nwk") if a == "OTHER" else a for a in args)
+    result = run_cli("ml", str(tmp_path / "aln.fasta"), *args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+def test_model_string_round_trips():
+    alignment = jp.simulate(jp.random_topology_tree(["a", "b", "c", "d"]), jp.parse_model("JC"), 50)
+    for text in ["GTR+G4", "HKY+I+G4", "TN+R3", "K80{3}", "JC", "F81+FQ"]:
+        model = jp.parse_model(text, alignment)
+        written = jp.models.model_string(model)
+        assert jp.models.model_string(jp.parse_model(written, alignment)) == written
