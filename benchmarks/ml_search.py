@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 
 import jaxphylo as jp
 from jaxphylo import ml
