@@ -45,6 +45,7 @@ from ._optimise import minimise
 from ._parameters import ModelCoordinates, lengths_from_unconstrained, lengths_to_unconstrained
 from ._rooting import fixed_branches, root_on_first_tip
 from ._spr import spr_candidates
+from ._support import _kernel_splits
 
 SEARCH_TOLERANCE = 0.01  # log-likelihood units over five L-BFGS iterations while searching; 1e-3 for model fits
 
@@ -257,8 +258,6 @@ class CandidateSet:
 
     def add(self, parents, lengths, log_likelihoods) -> None:
         for p, l, ll in zip(parents, lengths, np.asarray(log_likelihoods)):
-            from ._support import _kernel_splits
-
             key = frozenset(x for x in _kernel_splits(np.asarray(p), self.taxa) if x is not None)
             if key not in self.trees or self.trees[key][0] < ll:
                 self.trees[key] = (float(ll), p, l)
