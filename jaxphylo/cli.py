@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
+from contextlib import nullcontext
 
+from ._checkpoint import EXIT_INTERRUPTED, NEVER, Interrupted, StopRequests, parse_duration
 from ._errors import JaxphyloError
 
 
@@ -78,7 +80,7 @@ def _sample(args) -> None:
     log = progress_printer()
     draws = run_nuts(prepared.model, prepared.data, prepared.init, args.out, settings=settings,
                      chains=args.chains, warmup=args.warmup, samples=args.samples, block=args.block,
-                     seed=args.seed, resume=args.resume, progress=not args.no_progress, log=log)
+                     seed=args.seed, resume=args.resume, progress=not args.no_progress, log=log, stop=args.stop)
     text = write_outputs(args.out, draws, prepared.tree.topology, prepared.time)
     print(text)
     log(f"# {args.out}: posterior.nc (ArviZ), chain*.log (Tracer), chain*.trees (NEXUS), summary.tsv, summary.png")
@@ -87,6 +89,7 @@ def _sample(args) -> None:
 def _ml(args) -> None:
     import json
     import time
+    from pathlib import Path
 
     import jaxphylo as jp
     from jaxphylo import ml
@@ -96,17 +99,22 @@ def _ml(args) -> None:
     start = jp.read_tree(args.tree) if args.tree else None
     ml.check_inputs(alignment, args.model, start)  # bad input fails here, before any output
     settings = ml.SearchSettings(patience=args.patience, batch=args.batch, radius=args.radius)
-    log_lines = []
+    if args.redo:
+        for stale in (f"{prefix}.ckpt", f"{prefix}.boot.ckpt"):
+            Path(stale).unlink(missing_ok=True)
+    ml._search.check_checkpoint(f"{prefix}.ckpt", args.resume)  # before the log of a saved run is overwritten
+    log_file = open(f"{prefix}.log", "a" if args.resume else "w")
 
     def log(text):
         print(text, file=sys.stderr, flush=True)
-        log_lines.append(text)
+        log_file.write(text + "\n")
+        log_file.flush()
 
     log(f"# jaxphylo ml {args.alignment}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, "
         f"{alignment.site_patterns().num_patterns} patterns; model {args.model}")
     began = time.perf_counter()
     result = ml.search(alignment, args.model, start, starts=args.starts, seed=args.seed, settings=settings,
-                       precision=args.precision,
+                       precision=args.precision, checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop,
                        progress=lambda r, best, seconds: log(f"round {r}\tbest log L {best:.4f}\t{seconds:.1f} s"))
     labelled, supports = [], {}
     if args.alrt:
@@ -116,7 +124,8 @@ def _ml(args) -> None:
     if args.bootstrap:
         log(f"# {args.bootstrap} bootstrap replicates")
         supports["bootstrap"], _ = ml.bootstrap(alignment, result, replicates=args.bootstrap, seed=args.seed,
-                                                settings=settings, precision=args.precision)
+                                                settings=settings, precision=args.precision,
+                                                checkpoint=f"{prefix}.boot.ckpt", stop=args.stop)
         labelled.append(ml.with_supports(result.tree, supports["bootstrap"]))
     tree = ml._support.combine_labels(result.tree, *labelled) if labelled else result.tree
     jp.write_tree(tree, f"{prefix}.treefile")
@@ -132,8 +141,7 @@ def _ml(args) -> None:
         json.dump(summary, handle, indent=1)
     log(f"# log L {result.log_likelihood:.4f}; {result.model_string}; {seconds:.1f} s")
     log(f"# {prefix}.treefile, {prefix}.json, {prefix}.log")
-    with open(f"{prefix}.log", "w") as handle:
-        handle.write("\n".join(log_lines) + "\n")
+    log_file.close()
     print(f"{result.log_likelihood:.6f}")
 
 
@@ -243,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--out", "-o", default="jaxphylo-run", help="output directory (default jaxphylo-run)")
     sample.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    sample.add_argument("--max-time", help="stop, saved, after this long (e.g. 23h, 90m, 36:00:00); "
+                                           "SIGTERM, SIGINT and SIGUSR1 do the same")
     sample.add_argument("--precision", choices=("float64", "float32"), default="float64")
     sample.add_argument("--data-type", choices=("dna", "protein", "codon"), default=None)
     sample.add_argument("--genetic-code", type=int, default=1)
@@ -265,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--precision", choices=("float64", "float32"), default="float64")
     ml.add_argument("--data-type", choices=("dna", "protein", "codon"), default=None)
     ml.add_argument("--genetic-code", type=int, default=1)
+    ml.add_argument("--resume", action="store_true", help="continue the search saved in PREFIX.ckpt")
+    ml.add_argument("--redo", action="store_true", help="ignore and replace a saved search with this prefix")
+    ml.add_argument("--max-time", help="stop, saved, after this long (e.g. 23h); SIGTERM, SIGINT, SIGUSR1 too")
     ml.set_defaults(run=_ml)
 
     distance = commands.add_parser("distance", help="all-pairs distances, written as a PHYLIP matrix")
@@ -301,7 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.run(args)
+        # Signals are caught from the start, so a kill announced during start-up or compilation
+        # is answered at the first iteration, saved, instead of losing the process.
+        long_run = hasattr(args, "max_time")
+        with StopRequests(parse_duration(args.max_time)) if long_run else nullcontext(NEVER) as args.stop:
+            args.run(args)
+    except Interrupted as err:
+        print(f"jaxphylo: stopped: {err}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except JaxphyloError as err:
         print(f"jaxphylo: error: {err}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo import ml
+from jaxphylo._checkpoint import Interrupted
 from jaxphylo._schedule import phase_widths
 from jaxphylo.likelihood import batch_data_log_likelihoods, pattern_data
 from jaxphylo.ml._nni import apply_nnis, nni_scores
@@ -150,6 +151,53 @@ def test_supports_are_high_on_true_branches(simulated):
     assert len(replicates) == 20
     labelled = ml.with_supports(result.tree, boot)
     assert sum(label is not None for label in labelled.topology.labels) == len(true_splits)
+
+
+class StopAfter:
+    """A stop request that fires on its (reads + 1)-th reading, as a signal arriving mid-run would."""
+
+    def __init__(self, reads: int):
+        self.reads = reads
+
+    @property
+    def reason(self):
+        self.reads -= 1
+        return "test stop" if self.reads < 0 else None
+
+
+def test_interrupted_search_resumes_to_the_uninterrupted_result(simulated, tmp_path):
+    _, alignment, settings, result = simulated
+    path = tmp_path / "search.ckpt"
+    run = lambda **kw: ml.search(alignment, "HKY+G4", settings=settings, seed=1, checkpoint=path, **kw)
+    with pytest.raises(Interrupted, match="after 1 rounds|after 2 rounds"):
+        run(stop=StopAfter(1))
+    with pytest.raises(Interrupted):
+        run(resume=True, stop=StopAfter(0))  # stopped again at once: nothing lost
+    with pytest.raises(jp.InputError, match="holds a saved search"):
+        run()
+    resumed = run(resume=True)
+    assert resumed.log_likelihood == result.log_likelihood
+    np.testing.assert_array_equal(resumed.tree.branch_lengths, result.tree.branch_lengths)
+    assert resumed.tree.topology == result.tree.topology
+    assert [b for _, b, _ in resumed.trace] == [b for _, b, _ in result.trace]
+    content = path.read_bytes()
+    path.write_bytes(content[: len(content) // 2])
+    with pytest.raises(jp.InputError, match="truncated checkpoint"):
+        run(resume=True)
+
+
+def test_interrupted_bootstrap_resumes_to_the_same_trees(simulated, tmp_path, monkeypatch):
+    _, alignment, settings, result = simulated
+    monkeypatch.setattr(ml._support, "BOOTSTRAP_BATCH", 3)
+    whole, trees = ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2)
+    path = tmp_path / "boot.ckpt"
+    with pytest.raises(Interrupted, match="after 3 of 6 replicates"):
+        ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2, checkpoint=path, stop=StopAfter(1))
+    resumed, again = ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2, checkpoint=path)
+    assert resumed == whole
+    for a, b in zip(trees, again):
+        assert a.topology == b.topology
+        np.testing.assert_array_equal(a.branch_lengths, b.branch_lengths)
 
 
 def test_splits_do_not_depend_on_the_order_of_taxa():

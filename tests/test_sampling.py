@@ -1,7 +1,8 @@
 """Runs: blocks saved as they finish, resume, outputs, and the `sample` command."""
 
+import json
 import os
-import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo.inference import Analysis, prepare
+from jaxphylo._checkpoint import load_checkpoint
 from jaxphylo.inference._runner import run_nuts
 from numpyro.infer.util import log_density
 
@@ -69,11 +71,23 @@ def cli(*args, **kwargs):
     return subprocess.run([sys.executable, "-m", "jaxphylo.cli", *args], capture_output=True, text=True, **kwargs)
 
 
-def test_sample_command_writes_every_output(tmp_path):
-    out = tmp_path / "run"
-    result = cli("sample", "--example", "--chains", "2", "--warmup", "60", "--samples", "20", "--block", "10",
-                 "--out", str(out), "--no-progress", timeout=900)
+SAMPLE_ARGS = ["sample", "--example", "--chains", "2", "--warmup", "60", "--samples", "20", "--block", "10",
+               "--no-progress"]
+RUN_FILES = ("run.json", "checkpoint.pkl", "blocks/block_00000.npz", "blocks/block_00001.npz", "posterior.nc",
+             "chain1.log", "chain2.log", "chain1.trees", "chain2.trees", "summary.tsv", "summary.png")
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory):
+    """An uninterrupted `sample` run of the example: the reference for interrupted ones."""
+    out = tmp_path_factory.mktemp("whole") / "run"
+    result = cli(*SAMPLE_ARGS, "--out", str(out), timeout=900)
     assert result.returncode == 0, result.stderr
+    return out, result
+
+
+def test_sample_command_writes_every_output(whole_run, tmp_path):
+    out, result = whole_run
     assert "kappa" in result.stdout and "R-hat" in result.stdout
     for name in ("posterior.nc", "chain1.log", "chain2.log", "chain1.trees", "summary.tsv", "summary.png"):
         assert (out / name).stat().st_size > 0, name
@@ -90,27 +104,50 @@ def test_sample_command_writes_every_output(tmp_path):
     assert "Traceback" not in again.stderr
 
 
-def test_killed_run_resumes_without_losing_blocks(tmp_path):
+def test_sigterm_at_a_random_moment_saves_and_resumes_to_the_same_bytes(whole_run, tmp_path):
+    """SIGTERM anywhere (start-up, warmup, sampling): exit 75 within 30 s, then --resume ends byte-identical."""
+    reference, _ = whole_run
     out = tmp_path / "run"
-    args = ["sample", "--example", "--chains", "1", "--warmup", "40", "--samples", "60", "--block", "10",
-            "--out", str(out), "--no-progress"]
-    process = subprocess.Popen([sys.executable, "-m", "jaxphylo.cli", *args], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    checkpoint, deadline = out / "checkpoint.pkl", time.time() + 600
-    while time.time() < deadline:
-        if checkpoint.exists() and pickle.loads(checkpoint.read_bytes())["blocks"] >= 1:
-            break
-        time.sleep(0.5)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    saved = pickle.loads(checkpoint.read_bytes())["blocks"]
-    kept = {p.name: p.read_bytes() for p in sorted((out / "blocks").glob("*.npz"))[:saved]}
-    assert saved >= 1 and len(kept) == saved
-    result = cli(*args, "--resume", timeout=900)
+    rng = np.random.default_rng()
+    delay = float(rng.uniform(2.0, 25.0))
+    process = subprocess.Popen([sys.executable, "-m", "jaxphylo.cli", *SAMPLE_ARGS, "--out", str(out)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    sent = time.time()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=600)
+    waited = time.time() - sent
+    if process.returncode == 0:
+        pytest.skip(f"the run finished before SIGTERM at {delay:.1f} s")
+    assert process.returncode == 75, stderr
+    assert waited < 30, f"stopped {waited:.1f} s after SIGTERM (sent at {delay:.1f} s)"
+    assert "--resume" in stderr and "Traceback" not in stderr
+    result = cli(*SAMPLE_ARGS, "--out", str(out), "--resume", timeout=900)
     assert result.returncode == 0, result.stderr
-    for name, content in kept.items():
-        assert (out / "blocks" / name).read_bytes() == content
-    assert len(list((out / "blocks").glob("*.npz"))) == 6
+    for name in RUN_FILES:
+        assert (out / name).read_bytes() == (reference / name).read_bytes(), f"{name} (SIGTERM at {delay:.1f} s)"
+
+
+def test_damaged_checkpoint_is_refused_in_one_line(whole_run, tmp_path):
+    reference, _ = whole_run
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    content = (reference / "checkpoint.pkl").read_bytes()
+    cut = int(np.random.default_rng().integers(1, len(content)))
+    (out / "checkpoint.pkl").write_bytes(content[:cut])
+    result = cli(*SAMPLE_ARGS, "--out", str(out), "--resume", "--samples", "30")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "checkpoint" in result.stderr and "Traceback" not in result.stderr
+    flipped = bytearray(content)
+    flipped[-10] ^= 0xFF
+    (out / "checkpoint.pkl").write_bytes(bytes(flipped))
+    with pytest.raises(jp.InputError, match="corrupted checkpoint"):
+        load_checkpoint(out / "checkpoint.pkl", {})
+    settings = json.loads((reference / "run.json").read_text())
+    settings.pop("samples")
+    assert load_checkpoint(reference / "checkpoint.pkl", settings)["position"] == 80  # the undamaged one loads
+    with pytest.raises(jp.InputError, match="other settings"):
+        load_checkpoint(reference / "checkpoint.pkl", dict(settings, seed=1))
 
 
 def test_sample_command_on_a_dated_time_tree(tmp_path):

@@ -131,6 +131,8 @@ def write_inference_data(out: Path, draws: Draws) -> Path:
              "n_steps": draws.stats["num_steps"], "acceptance_rate": draws.stats["accept_prob"]}
     data = az.from_dict(posterior=dict(draws.samples), sample_stats=stats,
                         log_likelihood={"alignment": draws.stats["likelihood"]})
+    for group in data.groups():
+        data[group].attrs.pop("created_at", None)  # equal runs write equal bytes
     path = out / "posterior.nc"
     data.to_netcdf(str(path))
     return path

@@ -1,18 +1,27 @@
-"""Running NUTS in blocks that are saved as they finish, so an interrupted run loses nothing.
+"""Running NUTS in short chunks, saved as they go, so an interrupted run loses nothing.
 
 A run directory holds `run.json` (what was asked: compared on resume),
-`checkpoint.pkl` (the sampler's state after the last saved block, written
-after the block itself, atomically) and `blocks/block_NNNNN.npz`. Warmup
-counts as block zero: its adapted step size and mass matrix are in the first
-checkpoint, so a resumed run never warms up again.
+`checkpoint.pkl` and `blocks/block_NNNNN.npz` (`block` draws of every chain).
+The sampler advances every chain together by a few iterations per device
+call (a chunk, sized to take about `CHUNK_SECONDS`) and, between chunks,
+reads the stop flag (`jaxphylo._checkpoint.StopRequests`: SIGTERM, SIGINT,
+SIGUSR1, `--max-time`). On a stop, in warmup or after it, the checkpoint
+takes the full NUTS state (position, step size, mass matrix and the
+adaptation's running windows, random key) and the draws of the unfinished
+block, and `Interrupted` is raised. The checkpoint is also written at every
+block's end and at least every `SAVE_EVERY` seconds.
+
+The chunk length is an argument of one compiled loop, so iterations are the
+same computation however a run is cut: a run stopped and resumed any number
+of times writes the same bytes as one that never stopped (same seed, same
+devices and chain method).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import pickle
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,11 +30,16 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
 from numpyro.distributions import Unit
-from numpyro.infer import MCMC, NUTS, init_to_value
+from numpyro.infer import NUTS, init_to_value
 
+from .._checkpoint import (NEVER, CheckpointError, Interrupted, atomic_write, compare_settings, load_checkpoint,
+                           save_checkpoint, write_npz)
 from .._errors import InputError
 
 EXTRA_FIELDS = ("diverging", "num_steps", "accept_prob")
+CHUNK_MAX = 64  # iterations per device call at most (the draw buffer's length)
+CHUNK_SECONDS = 2.0  # target time of one chunk: how soon a stop request is answered
+SAVE_EVERY = 600.0  # seconds between checkpoints inside a block (what a SIGKILL could lose)
 
 
 @dataclass
@@ -41,23 +55,14 @@ class Draws:
 
 
 def chain_method(chains: int) -> str:
-    """`vectorized` on an accelerator, `parallel` when there is a CPU device per chain, else `sequential`."""
-    if jax.default_backend() != "cpu":
-        return "vectorized"
-    return "parallel" if jax.local_device_count() >= chains > 1 else "sequential"
+    """`parallel` (one device per chain, `pmap`) when there are enough devices on a CPU, else `vectorized` (`vmap`)."""
+    if jax.default_backend() == "cpu" and jax.local_device_count() >= chains > 1:
+        return "parallel"
+    return "vectorized"
 
 
-def _atomic_write(path: Path, write) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-
-
-def _check_run_directory(out: Path, settings: dict, resume: bool) -> int:
-    """Blocks already done (0 for a new run); a clear error when `out` holds something else."""
+def _check_run_directory(out: Path, settings: dict, resume: bool) -> bool:
+    """Whether `out` holds a checkpoint to resume; a clear error when it holds something else."""
     record = out / "run.json"
     if not record.exists():
         if resume and out.exists() and any(out.iterdir()):
@@ -65,62 +70,164 @@ def _check_run_directory(out: Path, settings: dict, resume: bool) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "blocks").mkdir(exist_ok=True)
         record.write_text(json.dumps(settings, indent=2, sort_keys=True))
-        return 0
+        return False
     if not resume:
         raise InputError(f"{out} already holds a run; continue it with --resume or choose another --out")
-    saved = json.loads(record.read_text())
-    for key in sorted(set(saved) | set(settings)):
-        if key != "samples" and saved.get(key) != settings.get(key):
-            raise InputError(f"{out} holds a different analysis: {key} was {saved.get(key)!r} there, "
-                             f"{settings.get(key)!r} now")
+    try:
+        saved = json.loads(record.read_text())
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{record}: damaged run record") from None
+    compare_settings(str(out), saved, settings, ignore=("samples",))
     if saved.get("samples") != settings.get("samples"):
         record.write_text(json.dumps(settings, indent=2, sort_keys=True))
-    checkpoint = out / "checkpoint.pkl"
-    return pickle.loads(checkpoint.read_bytes())["blocks"] if checkpoint.exists() else 0
+    return (out / "checkpoint.pkl").exists()
+
+
+class ChainStepper:
+    """Every chain's NUTS transitions as two compiled functions: `init(keys, data)` and
+    `advance(state, n, data) -> (state, draws [CHUNK_MAX, chains, ...])` (the first `n` rows are filled).
+
+    The data are arguments, never constants of the program (XLA would fold them).
+    """
+
+    def __init__(self, kernel: NUTS, warmup: int, method: str):
+        self.kernel, self.method = kernel, method
+
+        def init(key, data):
+            return kernel.init(key, warmup, None, (data,), {})
+
+        def advance(state, n, data):
+            def record(s):
+                return (s.z,) + tuple(getattr(s, f) for f in EXTRA_FIELDS)
+
+            empty = jax.tree.map(lambda x: jnp.zeros((CHUNK_MAX,) + jnp.shape(x), jnp.result_type(x)), record(state))
+
+            def body(i, carry):
+                s, buffer = carry
+                s = kernel.sample(s, (data,), {})
+                return s, jax.tree.map(lambda b, x: b.at[i].set(x), buffer, record(s))
+
+            return jax.lax.fori_loop(0, n, body, (state, empty))
+
+        if method == "parallel":
+            self._init = jax.pmap(init, in_axes=(0, None))
+            self._advance = jax.pmap(advance, in_axes=(0, None, None))
+        else:
+            self._init = jax.jit(jax.vmap(init, in_axes=(0, None)))
+            self._advance = jax.jit(jax.vmap(advance, in_axes=(0, None, None)))
+
+        # Unconstrained positions to the sites' values and the deterministic sites.
+        self.constrain = jax.jit(lambda z, data: jax.vmap(kernel.postprocess_fn((data,), {}))(z))
+
+    def init(self, keys, data):
+        return self._init(keys, data)
+
+    def advance(self, state, n: int, data):
+        """`n` more iterations of every chain; draws as host arrays `[chains, n, ...]`."""
+        state, (z, *stats) = self._advance(state, jnp.asarray(n, jnp.int32), data)
+        host = jax.device_get((z, stats))
+        rows = lambda x: np.asarray(x)[:, :n]  # [chains, CHUNK_MAX, ...] -> [chains, n, ...]
+        return state, jax.tree.map(rows, host[0]), {f: rows(v) for f, v in zip(EXTRA_FIELDS, host[1])}
 
 
 def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, warmup: int = 500,
              samples: int = 1000, block: int = 100, seed: int = 0, resume: bool = False,
-             progress: bool = True, method: str | None = None, log=print) -> Draws:
+             progress: bool = True, method: str | None = None, log=print, stop=NEVER) -> Draws:
     """NUTS on `model(data)`, `chains` chains, saved in blocks of `block` draws under `out`.
 
     `settings` describes the run (data, analysis, sampler options); a resumed
-    run must match it except for `samples`, which may grow.
+    run must match it except for `samples`, which may grow. `stop` (a
+    `StopRequests`) is read between chunks: when it fires the run saves and
+    raises `Interrupted`.
     """
     out = Path(out)
+    method = method if method in ("parallel", "vectorized") else chain_method(chains)
     settings = json.loads(json.dumps(dict(settings, chains=chains, warmup=warmup, block=block, seed=seed,
-                                          samples=samples)))  # as it will read back (tuples become lists)
-    done = _check_run_directory(out, settings, resume)
+                                          samples=samples, chain_method=method)))  # as it reads back
+    resuming = _check_run_directory(out, settings, resume)
+    checked = {k: v for k, v in settings.items() if k != "samples"}
     total = -(-samples // block)
+    saved = load_checkpoint(out / "checkpoint.pkl", checked) if resuming else None  # refused before compiling
     kernel = NUTS(model, init_strategy=init_to_value(values=init))
-    mcmc = MCMC(kernel, num_warmup=warmup, num_samples=block, num_chains=chains,
-                chain_method=method or chain_method(chains), progress_bar=progress)
-    checkpoint = out / "checkpoint.pkl"
-    if checkpoint.exists():
-        mcmc.post_warmup_state = pickle.loads(checkpoint.read_bytes())["state"]
-        log(f"# resuming {out}: {done} of {total} blocks done")
+    stepper = ChainStepper(kernel, warmup, method)
+    state = stepper.init(jax.random.split(jax.random.PRNGKey(seed), chains), data)
+    position, pending = 0, None
+    if saved is not None:
+        state = jax.tree.unflatten(jax.tree.structure(state), saved["state"])
+        position, pending = saved["position"], saved["pending"]
+        log(f"# resuming {out}: {max(position - warmup, 0)} of {total * block} draws per chain done")
     else:
-        log(f"# warmup: {chains} chains x {warmup} iterations ({mcmc.chain_method})")
-        mcmc.warmup(jax.random.PRNGKey(seed), data, collect_warmup=False)
-        _save_state(checkpoint, mcmc.post_warmup_state, 0)
-    for index in range(done, total):
-        mcmc.run(mcmc.post_warmup_state.rng_key, data, extra_fields=EXTRA_FIELDS)
-        draws = {k: np.asarray(v) for k, v in mcmc.get_samples(group_by_chain=True).items()}
-        stats = {k: np.asarray(v) for k, v in mcmc.get_extra_fields(group_by_chain=True).items()}
-        stats.update(_log_densities(model, data, draws))
-        _atomic_write(out / "blocks" / f"block_{index:05d}.npz",
-                      lambda h: np.savez(h, **{f"sample:{k}": v for k, v in draws.items()},
-                                         **{f"stat:{k}": v for k, v in stats.items()}))
-        mcmc.post_warmup_state = mcmc.last_state
-        _save_state(checkpoint, mcmc.last_state, index + 1)
-        log(f"# block {index + 1}/{total} saved: {block} draws x {chains} chains, "
-            f"{int(stats['diverging'].sum())} divergent")
+        log(f"# warmup: {chains} chains x {warmup} iterations ({method})")
+    bar = _progress_bar(progress, warmup + total * block, position)
+    last_save, chunk = time.monotonic(), 1
+    try:
+        while position < warmup + total * block:
+            if (reason := stop.reason) is not None:
+                _save(out, checked, state, position, pending)
+                raise Interrupted(f"{reason}: run saved in {out} after {position} iterations; "
+                                  f"continue it with the same command and --resume")
+            boundary = warmup if position < warmup else warmup + block * ((position - warmup) // block + 1)
+            n = min(chunk, boundary - position)
+            began = time.monotonic()
+            state, z, stats = stepper.advance(state, n, data)
+            chunk = _next_chunk(n, time.monotonic() - began)
+            position += n
+            if position > warmup:
+                pending = _append(pending, (z, stats))
+            bar(n)
+            if position > warmup and (position - warmup) % block == 0:
+                index = (position - warmup) // block - 1
+                divergent = int(pending[1]["diverging"].sum())
+                _write_block(out, index, stepper, data, model, *pending)
+                pending = None
+                _save(out, checked, state, position, pending)
+                last_save = time.monotonic()
+                log(f"# block {index + 1}/{total} saved: {block} draws x {chains} chains, {divergent} divergent")
+            elif time.monotonic() - last_save > SAVE_EVERY:
+                _save(out, checked, state, position, pending)
+                last_save = time.monotonic()
+    finally:
+        bar(None)
+    _save(out, checked, state, position, pending)  # the same bytes as the last block's save, or warmup's
     return load_draws(out, total)
 
 
-def _save_state(path: Path, state, blocks: int) -> None:
-    host = jax.device_get(state)
-    _atomic_write(path, lambda h: pickle.dump({"blocks": blocks, "state": host}, h))
+def _next_chunk(n: int, seconds: float) -> int:
+    """Iterations for the next call: about CHUNK_SECONDS' worth at the last call's pace, doubling at most."""
+    pace = seconds / n
+    return int(np.clip(CHUNK_SECONDS / max(pace, 1e-9), 1, min(2 * n, CHUNK_MAX)))
+
+
+def _append(pending, chunk):
+    if pending is None:
+        return chunk
+    join = lambda a, b: np.concatenate([a, b], axis=1)
+    return jax.tree.map(join, pending[0], chunk[0]), {k: join(pending[1][k], chunk[1][k]) for k in pending[1]}
+
+
+def _save(out: Path, settings: dict, state, position: int, pending) -> None:
+    leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
+    save_checkpoint(out / "checkpoint.pkl", {"position": position, "state": leaves, "pending": pending}, settings)
+
+
+def _write_block(out: Path, index: int, stepper: ChainStepper, data, model, z, stats) -> None:
+    chains, num = next(iter(jax.tree.leaves(z))).shape[:2]
+    flat = jax.tree.map(lambda x: x.reshape((chains * num,) + x.shape[2:]), z)
+    draws = {k: np.asarray(v).reshape((chains, num) + v.shape[1:]) for k, v in stepper.constrain(flat, data).items()}
+    stats = dict(stats, **_log_densities(model, data, draws))
+    atomic_write(out / "blocks" / f"block_{index:05d}.npz",
+                 lambda h: write_npz(h, {**{f"sample:{k}": v for k, v in draws.items()},
+                                         **{f"stat:{k}": v for k, v in stats.items()}}))
+
+
+def _progress_bar(enabled: bool, total: int, done: int):
+    """`update(n)` advances a tqdm bar (stderr); `update(None)` closes it."""
+    if not enabled:
+        return lambda n: None
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, initial=done, unit="it", file=sys.stderr, dynamic_ncols=True)
+    return lambda n: bar.close() if n is None else bar.update(n)
 
 
 def _log_densities(model, data, draws: dict) -> dict:

@@ -19,8 +19,10 @@ search compiles a fixed handful of programs, whatever the number of moves.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._alignment import Alignment
+from .._checkpoint import NEVER, Interrupted, load_checkpoint, save_checkpoint
 from .._distances import distances
 from .._errors import InputError
 from .._neighbor_joining import bionj
@@ -61,6 +64,8 @@ class SearchSettings:
     lengths_method: str = "auto"  # branch-length optimiser during the search: "lbfgs", "newton" or "auto"
     spr_chunk: int = 64  # SPR candidates scored per device call
     spr_limit: int = 4096  # SPR candidates per round at most (prunings sampled beyond it)
+    max_rounds: int = 10_000
+    max_seconds: float = float("inf")  # wall-clock limit (makes a search depend on the machine's speed)
 
     def __post_init__(self):
         for name in ("batch", "candidates", "spr_chunk", "spr_limit", "max_rounds"):
@@ -73,8 +78,6 @@ class SearchSettings:
             raise InputError(f"lengths_method must be one of {', '.join(LENGTHS_METHODS)}, not {self.lengths_method!r}")
         if not 0 < self.perturbation <= 1:
             raise InputError(f"perturbation must be in (0, 1], got {self.perturbation}")
-    max_rounds: int = 10_000
-    max_seconds: float = float("inf")
 
 
 class Problem(eqx.Module):
@@ -327,14 +330,26 @@ def search(
     settings: SearchSettings | None = None,
     precision: str = "float64",
     progress=None,
+    checkpoint=None,
+    resume: bool = False,
+    stop=NEVER,
 ) -> MLResult:
     """The maximum-likelihood tree: model fitted on the start tree, NNI hill climbing with perturbation, final fit.
 
     `start`: None or "bionj" (BIONJ on `jp.distances`), "random", or a `Tree`;
     `starts > 1` adds random trees, all hill-climbed together. `progress`, if
     given, is called with `(round, best log L, seconds)` after every round.
+
+    `checkpoint` (a path) saves the search after the first climb and after
+    every perturbation round: the fitted model, the candidate trees, the
+    random key and the patience count. With `resume=True` a search continues
+    from it and ends as an uninterrupted one would. `stop` (a
+    `jaxphylo._checkpoint.StopRequests`) is read after the first climb and
+    between rounds; when it fires the search saves and raises `Interrupted`.
     """
     settings = settings or SearchSettings()
+    record = _search_record(alignment, model, start, starts, seed, settings, precision)
+    saved = _resumed(checkpoint, resume, record)
     began = time.perf_counter()
     template, free = resolve_model(model, alignment)
     trees = start_trees(alignment, start, starts, seed)
@@ -363,20 +378,39 @@ def search(
                                                                       coordinates, problem_of(1), tolerance)
         return model, l[0], float(ll[0]), values, iterations
 
-    # The model is fitted on the first start tree, then every start climbs under it.
-    # Lengths first, then the model with them (see `fit`), then the lengths of every start under it.
-    parents = batch.parents
-    lengths, _ = optimise_lengths(parents, batch.branch_lengths, fixed_branches(parents), problem_of(size), 1e-3)
-    model_now, first_l, _, _, _ = refit(parents[0], lengths[0], 1e-3)
-    lengths, log_l = optimise_lengths(parents, lengths.at[0].set(first_l), fixed_branches(parents), problem_of(size))
-    parents, lengths, log_l = climb(parents, lengths, log_l, problem_of, settings, on_round)
-    model_now, best_l, _, _, _ = refit(parents[0], lengths[0], 1e-3)
-    lengths, log_l = optimise_lengths(parents, lengths.at[0].set(best_l), fixed_branches(parents), problem_of(size))
     candidates = CandidateSet(settings.candidates, batch.taxa)
-    candidates.add(parents, lengths, log_l)
+    if saved is None:
+        # The model is fitted on the first start tree, then every start climbs under it.
+        # Lengths first, then the model with them (see `fit`), then the lengths of every start under it.
+        parents = batch.parents
+        lengths, _ = optimise_lengths(parents, batch.branch_lengths, fixed_branches(parents), problem_of(size), 1e-3)
+        model_now, first_l, _, _, _ = refit(parents[0], lengths[0], 1e-3)
+        lengths, log_l = optimise_lengths(parents, lengths.at[0].set(first_l), fixed_branches(parents),
+                                          problem_of(size))
+        parents, lengths, log_l = climb(parents, lengths, log_l, problem_of, settings, on_round)
+        model_now, best_l, _, _, _ = refit(parents[0], lengths[0], 1e-3)
+        lengths, log_l = optimise_lengths(parents, lengths.at[0].set(best_l), fixed_branches(parents),
+                                          problem_of(size))
+        candidates.add(parents, lengths, log_l)
+        key, failures = jax.random.PRNGKey(seed), 0
+    else:
+        model_now = jax.tree.unflatten(jax.tree.structure(template), [jnp.asarray(x) for x in saved["model"]])
+        candidates.trees = {k: (ll, jnp.asarray(p), jnp.asarray(l)) for k, ll, p, l in saved["candidates"]}
+        key, failures, trace[:] = jnp.asarray(saved["key"]), saved["failures"], saved["trace"]
+        began -= trace[-1][2] if trace else 0.0
 
-    key, failures = jax.random.PRNGKey(seed), 0
+    def save():
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, {
+                "model": [np.asarray(x) for x in jax.tree.leaves(model_now)],
+                "candidates": [(k, ll, np.asarray(p), np.asarray(l)) for k, (ll, p, l) in candidates.trees.items()],
+                "key": np.asarray(key), "failures": failures, "trace": list(trace)}, record)
+
+    save()
     while failures < settings.patience and time.perf_counter() - began < settings.max_seconds:
+        if (reason := stop.reason) is not None:
+            raise Interrupted(f"{reason}: search saved in {checkpoint} after {len(trace)} rounds; "
+                              f"continue it with the same command and --resume")
         key, sub = jax.random.split(key)
         before = candidates.best()[0]
         p, l = candidates.stacked(size)
@@ -384,6 +418,7 @@ def search(
         l, ll = optimise_lengths(p, l, fixed_branches(p), problem_of(size))
         candidates.add(*climb(p, l, ll, problem_of, settings, on_round))
         failures = 0 if candidates.best()[0] > before + settings.epsilon else failures + size
+        save()
     _, best_p, best_l = candidates.best()
 
     model_now, best_l, best_ll, values, iterations = refit(best_p, best_l, 1e-3)
@@ -391,3 +426,33 @@ def search(
     return MLResult(tree=tree, model=model_now, log_likelihood=best_ll, iterations=iterations,
                     seconds=time.perf_counter() - began, parameters={k: np.asarray(v).tolist() for k, v in values.items()},
                     search_rounds=len(trace), trace=trace)
+
+
+def _search_record(alignment, model, start, starts, seed, settings, precision) -> dict:
+    """What a search's result depends on: a resumed search must match it."""
+    from dataclasses import asdict
+
+    data = hashlib.sha256(repr((alignment.taxa, alignment.sequences)).encode()).hexdigest()
+    if isinstance(start, Tree):
+        start = hashlib.sha256(repr((start.taxa, list(start.topology.parent),
+                                     np.asarray(start.branch_lengths).tolist())).encode()).hexdigest()
+    return {"alignment": data, "model": str(model), "start": start, "starts": starts, "seed": seed,
+            "settings": {k: str(v) for k, v in asdict(settings).items()}, "precision": precision}
+
+
+def check_checkpoint(checkpoint, resume: bool) -> None:
+    """A saved search must be resumed, or removed; a resume needs one."""
+    path = Path(checkpoint)
+    if not resume and path.exists():
+        raise InputError(f"{path} holds a saved search: continue it with --resume, start afresh with --redo, "
+                         f"or choose another prefix")
+    if resume and not path.exists():
+        raise InputError(f"{path}: nothing to resume")
+
+
+def _resumed(checkpoint, resume: bool, record: dict):
+    """The saved search to continue, or None."""
+    if checkpoint is None:
+        return None
+    check_checkpoint(checkpoint, resume)
+    return load_checkpoint(checkpoint, record) if resume else None

@@ -20,11 +20,16 @@ that contain the split.
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import asdict
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._alignment import Alignment
+from .._checkpoint import NEVER, Interrupted, load_checkpoint, save_checkpoint
 from .._distances import distances
 from .._neighbor_joining import bionj
 from .._tree import Topology, Tree, TreeBatch
@@ -34,6 +39,8 @@ from .._schedule import phase_widths
 from ._fit import MLResult
 from ._nni import nni_scores
 from ._rooting import fixed_branches
+
+BOOTSTRAP_BATCH = 100  # replicates climbed together (fixed, so that results do not depend on interruptions)
 
 
 def splits(tree: Tree) -> dict[frozenset, int]:
@@ -132,35 +139,64 @@ def _resampled(alignment: Alignment, columns: np.ndarray) -> Alignment:
 
 
 def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, seed: int = 0, settings=None,
-              precision: str = "float64", progress=None) -> tuple[dict[frozenset, float], list[Tree]]:
+              precision: str = "float64", progress=None, checkpoint=None, stop=NEVER
+              ) -> tuple[dict[frozenset, float], list[Tree]]:
     """Bootstrap support (percent) of every split of the ML tree, and the replicate trees.
 
-    Every replicate runs in one batch: its own pattern weights, its own BIONJ
-    start, NNI climbing with branch lengths re-fitted under the ML model.
+    Replicates run `BOOTSTRAP_BATCH` at a time, each batch in one computation:
+    every replicate its own pattern weights, its own BIONJ start, NNI climbing
+    with branch lengths re-fitted under the ML model. With `checkpoint` (a
+    path) the finished batches are saved, and a saved file for the same
+    inputs is continued; `stop` is read between batches (then `Interrupted`).
+    The batches are fixed by `replicates` alone, so an interrupted and
+    resumed bootstrap gives the trees an uninterrupted one gives.
     """
-    from ._search import Problem, SearchSettings, kernel_batch, nni_climb, optimise_lengths
+    from ._search import SearchSettings
 
     settings = settings or SearchSettings()
     rng = np.random.default_rng(seed)
-    patterns = alignment.site_patterns()
     columns = rng.integers(0, alignment.num_sites, size=(replicates, alignment.num_sites))
+    record = {"alignment": hashlib.sha256(repr((alignment.taxa, alignment.sequences)).encode()).hexdigest(),
+              "tree": [list(result.tree.topology.parent), np.asarray(result.tree.branch_lengths).tolist()],
+              "model": [np.asarray(x).tolist() for x in jax.tree.leaves(result.model)],
+              "replicates": replicates, "seed": seed, "precision": precision, "batch": BOOTSTRAP_BATCH,
+              "settings": {k: str(v) for k, v in asdict(settings).items()}}
+    done = []
+    if checkpoint is not None and Path(checkpoint).exists():
+        done = load_checkpoint(checkpoint, record)
+    for first in range(len(done), replicates, BOOTSTRAP_BATCH):
+        if (reason := stop.reason) is not None:
+            raise Interrupted(f"{reason}: bootstrap saved in {checkpoint} after {len(done)} of {replicates} "
+                              f"replicates; continue it with the same command and --resume")
+        rows = columns[first: first + BOOTSTRAP_BATCH]
+        done += _replicate_trees(alignment, result, rows, settings, precision, progress)
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, done, record)
+    trees = [Tree(lengths, Topology(tuple(parent), tuple(alignment.taxa), rooted=False)) for parent, lengths in done]
+    found = [set(splits(t)) for t in trees]
+    supports = {split: 100.0 * np.mean([split in f for f in found]) for split in splits(result.tree)}
+    return supports, trees
+
+
+def _replicate_trees(alignment, result, columns, settings, precision, progress) -> list[tuple[list, np.ndarray]]:
+    """NNI-climbed trees (`(parent list, branch lengths)`, unrooted) of one batch of resampled column sets."""
+    from ._search import Problem, kernel_batch, nni_climb, optimise_lengths
+
+    patterns = alignment.site_patterns()
     starts = []
     for row in columns:
         resampled = _resampled(alignment, row)
         tree = bionj(distances(resampled, saturated=5.0), alignment.taxa)
         starts.append(tree.with_branch_lengths(np.clip(np.asarray(tree.branch_lengths, float), 1e-3, 1.0)))
-    site_pattern = patterns.site_pattern
-    counts = np.stack([np.bincount(site_pattern[row], minlength=patterns.num_patterns) for row in columns])
+    counts = np.stack([np.bincount(patterns.site_pattern[row], minlength=patterns.num_patterns) for row in columns])
     batch = kernel_batch(starts)
     data = pattern_data(alignment, batch)
     dtype = PRECISIONS[precision]
-    widths = phase_widths(batch.num_tips, max_step_width(result.model, data, dtype, 2 * replicates))
+    widths = phase_widths(batch.num_tips, max_step_width(result.model, data, dtype, 2 * len(columns)))
     problem = Problem(result.model, data, jnp.asarray(counts, dtype), widths, dtype, settings.lengths_method)
     fixed = fixed_branches(batch.parents)
     lengths, log_l = optimise_lengths(batch.parents, batch.branch_lengths, fixed, problem)
     parents, lengths, _ = nni_climb(batch.parents, lengths, log_l, fixed, problem, settings,
                                     (lambda best: progress(best)) if progress else None)
     trees = TreeBatch(parents, lengths, batch.taxa).to_trees(rooted=False)
-    found = [set(splits(t)) for t in trees]
-    supports = {split: 100.0 * np.mean([split in f for f in found]) for split in splits(result.tree)}
-    return supports, trees
+    return [(list(t.topology.parent), np.asarray(t.branch_lengths)) for t in trees]
