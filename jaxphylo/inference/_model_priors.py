@@ -6,6 +6,7 @@ Defaults (override any by name with `priors={"kappa": dist.LogNormal(0, 1)}`):
 |---|---|
 | `frequencies` | Dirichlet(1, ..., 1) |
 | `gtr_rates` | Dirichlet(1, ..., 1) on the six exchangeabilities (scaled to mean 1) |
+| `class_rates` | Dirichlet(1, ..., 1) on the k class rates of a `ConstrainedGTR` (K3P, TIM2, ...; scaled to mean 1) |
 | `kappa`, `kappa_purine`, `kappa_pyrimidine` | LogNormal(1, 1.25) (BEAST's default) |
 | `omega` | LogNormal(0, 1) |
 | `gamma_shape` | Exponential(1) (MrBayes's default) |
@@ -24,7 +25,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions.transforms import ExpTransform, SigmoidTransform
 
-from ..models import GTR, GY94, HKY85, TN93, DiscreteGamma, FreeRates, InvariantSites, Model
+from ..models import GTR, GY94, HKY85, TN93, ConstrainedGTR, DiscreteGamma, FreeRates, InvariantSites, Model
 
 
 def default_priors() -> dict:
@@ -32,6 +33,7 @@ def default_priors() -> dict:
     return {
         "frequencies": lambda n: dist.Dirichlet(jnp.ones(n)),
         "gtr_rates": dist.Dirichlet(jnp.ones(6)),
+        "class_rates": lambda n: dist.Dirichlet(jnp.ones(n)),
         "kappa": dist.LogNormal(1.0, 1.25),
         "kappa_purine": dist.LogNormal(1.0, 1.25),
         "kappa_pyrimidine": dist.LogNormal(1.0, 1.25),
@@ -86,6 +88,10 @@ def sample_model(model: Model, estimated: frozenset[str], priors: dict | None = 
 def _sample_exchangeabilities(sub, priors):
     if isinstance(sub, GTR):
         return eqx.tree_at(lambda s: s.rates, sub, 6.0 * numpyro.sample("gtr_rates", _prior(priors, "gtr_rates")))
+    if isinstance(sub, ConstrainedGTR):
+        k = sub.class_rates.shape[-1]
+        rates = k * numpyro.sample("class_rates", _prior(priors, "class_rates", k))
+        return eqx.tree_at(lambda s: s.class_rates, sub, rates)
     if isinstance(sub, HKY85):
         return eqx.tree_at(lambda s: s.kappa, sub, numpyro.sample("kappa", _prior(priors, "kappa")))
     if isinstance(sub, TN93):
@@ -109,6 +115,8 @@ def initial_values(model: Model, estimated: frozenset[str]) -> dict:
     if "exchangeabilities" in estimated:
         if isinstance(sub, GTR):
             values["gtr_rates"] = sub.rates / jnp.sum(sub.rates)
+        elif isinstance(sub, ConstrainedGTR):
+            values["class_rates"] = sub.class_rates / jnp.sum(sub.class_rates)
         elif isinstance(sub, TN93):
             values.update(kappa_purine=sub.kappa_purine, kappa_pyrimidine=sub.kappa_pyrimidine)
         elif isinstance(sub, (HKY85, GY94)):

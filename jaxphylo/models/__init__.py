@@ -1,17 +1,18 @@
 """Substitution models, rate variation and model strings."""
 
-from ._amino_acid import EmpiricalAminoAcid
+from ._amino_acid import EMPIRICAL_MODELS, EmpiricalAminoAcid
 from ._base import SubstitutionModel, transition_matrices
 from ._codon import GY94
 from ._frequencies import codon_frequencies, empirical_frequencies
 from ._model import Model
-from ._nucleotide import F81, GTR, HKY85, JC69, K80, TN93
+from ._nucleotide import F81, GTR, HKY85, JC69, K80, NAMED_DNA_MODELS, TN93, ConstrainedGTR, rate_classes
 from ._parse import estimated_parameters, model_string, parse_model
 from ._rates import DiscreteGamma, FreeRates, InvariantSites, RateVariation, UniformRates
 
 __all__ = [
     "Model", "SubstitutionModel", "transition_matrices", "parse_model", "model_string", "estimated_parameters",
-    "JC69", "K80", "F81", "HKY85", "TN93", "GTR", "EmpiricalAminoAcid", "GY94",
+    "JC69", "K80", "F81", "HKY85", "TN93", "GTR", "ConstrainedGTR", "NAMED_DNA_MODELS", "rate_classes",
+    "EmpiricalAminoAcid", "EMPIRICAL_MODELS", "GY94",
     "RateVariation", "UniformRates", "DiscreteGamma", "FreeRates", "InvariantSites",
     "empirical_frequencies", "codon_frequencies",
 ]

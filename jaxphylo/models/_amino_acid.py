@@ -1,4 +1,11 @@
-"""Empirical amino-acid models: fixed exchangeabilities, states in ARNDCQEGHILKMFPSTWYV order."""
+"""Empirical amino-acid models: fixed exchangeabilities, states in ARNDCQEGHILKMFPSTWYV order.
+
+Each model is a text file in `_empirical/` named after it: comment lines (`#`,
+naming the paper and where the numbers were taken from), then the 190
+exchangeabilities `R_ij` of the lower triangle row by row (R_RA; R_NA R_NR; ...)
+and the model's 20 frequencies. `Q_ij = R_ij pi_j`, normalised to one
+substitution per unit time (the scale of `R` is irrelevant).
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,10 @@ from .._alphabet import PROTEIN, Alphabet
 from .._errors import ModelError
 from ._base import SubstitutionModel
 
-EMPIRICAL_MODELS = ("LG", "WAG", "JTT")
+EMPIRICAL_MODELS = (
+    "LG", "WAG", "JTT", "Dayhoff", "DCMut", "JTTDCMut", "mtREV", "mtMAM", "mtART", "mtZOA", "cpREV", "rtREV",
+    "VT", "Blosum62", "PMB", "HIVb", "HIVw", "FLU", "Q.pfam", "Q.plant", "Q.yeast", "Q.insect", "Q.mammal", "Q.bird",
+)
 
 
 @lru_cache(maxsize=None)
@@ -31,7 +41,7 @@ def empirical_matrix(name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 class EmpiricalAminoAcid(SubstitutionModel):
-    """LG, WAG or JTT; `frequencies` start at the model's own and may be replaced (+F)."""
+    """One of `EMPIRICAL_MODELS`; `frequencies` start at the model's own and may be replaced (+F)."""
 
     frequencies: Float[Array, " 20"]
     name: str = eqx.field(static=True)

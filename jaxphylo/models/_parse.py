@@ -19,45 +19,61 @@ from ._amino_acid import EMPIRICAL_MODELS, EmpiricalAminoAcid, empirical_matrix
 from ._codon import GY94
 from ._frequencies import codon_frequencies, empirical_frequencies
 from ._model import Model
-from ._nucleotide import F81, GTR, HKY85, JC69, K80, TN93
+from ._nucleotide import F81, GTR, HKY85, JC69, K80, NAMED_DNA_MODELS, TN93, ConstrainedGTR, rate_classes
 from ._rates import DiscreteGamma, FreeRates, InvariantSites, UniformRates
 
 _ALIASES = {
-    "JC": "JC69", "JC69": "JC69", "F81": "F81", "K80": "K80", "K2P": "K80",
-    "HKY": "HKY85", "HKY85": "HKY85", "TN": "TN93", "TN93": "TN93", "GTR": "GTR",
-    "LG": "LG", "WAG": "WAG", "JTT": "JTT", "GY": "GY94", "GY94": "GY94",
+    **{name.upper(): name for name in NAMED_DNA_MODELS},
+    "JC": "JC69", "K2P": "K80", "HKY": "HKY85", "TN": "TN93", "TRN": "TN93", "TNEF": "TNe", "TRNE": "TNe",
+    "TRNEF": "TNe", "K81": "K3P", "TPM1": "K3P", "K81U": "K3Pu", "K81UF": "K3Pu", "K3PUF": "K3Pu", "TPM1U": "K3Pu",
+    "TPM1UF": "K3Pu", "TPM2UF": "TPM2u", "TPM3UF": "TPM3u", "TIMEF": "TIMe", "TIM1": "TIM", "TIM1E": "TIMe",
+    "TIM1EF": "TIMe", "TIM2EF": "TIM2e", "TIM3EF": "TIM3e", "TVMEF": "TVMe", "REV": "GTR",
+    **{name.upper(): name for name in EMPIRICAL_MODELS},
+    "GY": "GY94", "GY94": "GY94",
 }
-_NUMBER_OF_VALUES = {"JC69": (0,), "F81": (0,), "K80": (1,), "HKY85": (1,), "TN93": (2,), "GTR": (5, 6), "GY94": (2,)}
-_EQUAL_FREQUENCY_MODELS = ("JC69", "K80")
+# Models with their own classes (and NumPyro sites); TNe and SYM are TN93 and GTR with equal frequencies.
+_CLASSES = {"JC69": JC69, "F81": F81, "K80": K80, "HKY85": HKY85, "TN93": TN93, "TNe": TN93, "GTR": GTR, "SYM": GTR}
+_FREE_COUNTERPART = {"JC69": "F81", "K80": "HKY85", "TNe": "TN93", "K3P": "K3Pu", "TPM2": "TPM2u", "TPM3": "TPM3u",
+                     "TIMe": "TIM", "TIM2e": "TIM2", "TIM3e": "TIM3", "TVMe": "TVM", "SYM": "GTR"}
+_FREQUENCY_TERMS = ("F", "FO", "FQ", "FU")
+_CODON_FREQUENCY_TERMS = ("F1X4", "F3X4")
 _TERM = re.compile(r"^([A-Za-z][A-Za-z0-9]*?)(\d*)(?:\{([^{}]*)\})?$")
-_BASE = re.compile(r"^([A-Za-z][A-Za-z0-9]*)()(?:\{([^{}]*)\})?$")
+_BASE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.]*)()(?:\{([^{}]*)\})?$")
 
 
 def parse_model(string: str, alignment: Alignment | None = None, genetic_code: int | None = None) -> Model:
     """The model that `string` names, in IQ-TREE's syntax.
 
-    Substitution models: JC69, F81, K80 (K2P), HKY85, TN93, GTR; LG, WAG, JTT;
-    GY94 (codons; values `kappa`, `omega`, named or in that order).
-    Terms: `+F{...}` fixed frequencies, `+F` empirical (from `alignment`),
-    `+FQ` equal, `+FO` estimated (empirical start), `+F1X4`/`+F3X4` for codons (`+F` is F61 there); `+G[k]{shape}`,
-    `+I{proportion}`, `+R k{w1,r1,...,wk,rk}`.
-    Nucleotide and codon frequencies default to empirical when `alignment` is
-    given, else to equal; amino-acid models default to their own. The genetic
-    code comes from `genetic_code` or the codon alignment (default: 1, standard).
+    DNA: IQ-TREE's named reversible models, each a GTR with tied rates
+    (`NAMED_DNA_MODELS`: JC69, F81, K80/K2P, HKY85, TNe, TN93, K3P/K81, K3Pu/K81u,
+    TPM2, TPM2u, TPM3, TPM3u, TIMe, TIM, TIM2e, TIM2, TIM3e, TIM3, TVMe, TVM, SYM,
+    GTR), or a six-digit rate-class code such as `010232`. Values in braces are
+    the free rates in IQ-TREE's order (`rate_classes`), optionally followed by
+    the rate of GT's class (otherwise 1). JC69, K80, TNe, K3P, TPM2, TPM3, TIMe,
+    TIM2e, TIM3e, TVMe and SYM have equal frequencies by definition: as in
+    IQ-TREE 2 a frequency term leaves them equal, and `+F{...}` is an error.
+    Protein: `EMPIRICAL_MODELS` (LG, WAG, JTT, Dayhoff, ..., Q.bird).
+    Codons: GY94 (values `kappa`, `omega`, named or in that order).
+
+    Frequency terms: `+F` empirical (from `alignment`; F61 for codons), `+FO`
+    estimated (empirical start), `+FQ` equal, `+FU` the model's own (a protein
+    matrix's; equal for DNA, as IQ-TREE's user-defined frequencies with none
+    given), `+F{...}` fixed values, `+F1X4`/`+F3X4` for codons. Rate terms:
+    `+G[k]{shape}`, `+I{proportion}`, `+R k{w1,r1,...,wk,rk}`.
+    Without a frequency term nucleotide and codon models use empirical
+    frequencies when `alignment` is given, else equal; amino-acid models their
+    own. The genetic code comes from `genetic_code` or the codon alignment
+    (default: 1, standard).
     """
     terms = _split(string)
-    base_name, _, base_values = _parse_term(terms[0], string, _BASE)
-    key = _ALIASES.get(base_name.upper())
-    if key is None:
-        raise ModelError(f"model {string!r}: unknown substitution model {base_name!r}; "
-                         f"known: {', '.join(sorted(set(_ALIASES.values())))}")
+    key, base_values = _base(terms[0], string)
     alphabet = _alphabet(key, alignment, genetic_code, string)
     frequency_term, rate_terms = None, []
     for term in terms[1:]:
         name, number, values = _parse_term(term, string)
         if name.upper().startswith("F"):
             if frequency_term is not None:
-                raise ModelError(f"model {string!r}: more than one frequency term")
+                raise ModelError(f"model {string!r}: more than one frequency term ('+{term}')")
             frequency_term = (name.upper() + number, values)
         elif name.upper() in ("G", "I", "R"):
             rate_terms.append((name.upper(), number, values))
@@ -71,28 +87,53 @@ def parse_model(string: str, alignment: Alignment | None = None, genetic_code: i
 def estimated_parameters(string: str) -> frozenset[str]:
     """The parts of the model that `string` leaves free, for inference.
 
-    Among `exchangeabilities` (kappa, GTR rates, omega...), `frequencies`,
-    `gamma_shape`, `proportion_invariant` and `free_rates`. Values in braces
-    fix a part; so do `+F` (empirical counts, as in IQ-TREE), `+FQ`, `+F1X4`,
-    `+F3X4` and the built-in frequencies of JC69, K80 and amino-acid models.
-    Frequencies are free with no frequency term or with `+FO`. Call it on a
-    string that `parse_model` accepts.
+    Among `exchangeabilities` (kappa, GTR or class rates, omega...),
+    `frequencies`, `gamma_shape`, `proportion_invariant` and `free_rates`.
+    Values in braces fix a part; so do `+F` (empirical counts, as in IQ-TREE),
+    `+FQ`, `+FU`, `+F1X4`, `+F3X4`, the equal frequencies of JC69, K80, TNe,
+    K3P, TPM2, TPM3, TIMe, TIM2e, TIM3e, TVMe and SYM (whatever the frequency
+    term), and the built-in frequencies of amino-acid models. Frequencies are
+    free with no frequency term (nucleotide and codon models) or with `+FO`.
+    Call it on a string that `parse_model` accepts.
     """
     terms = _split(string)
-    base_name, _, base_values = _parse_term(terms[0], string, _BASE)
-    key = _ALIASES[base_name.upper()]
+    key, base_values = _base(terms[0], string)
     free = set()
-    if key not in ("JC69", "F81") + EMPIRICAL_MODELS and base_values is None:
+    if base_values is None and key not in EMPIRICAL_MODELS and _rate_class_count(key) != 1:  # JC69, F81: one class
         free.add("exchangeabilities")
     frequency = [t for t in terms[1:] if t[:1].upper() == "F"]
-    if (not frequency and key not in _EQUAL_FREQUENCY_MODELS + EMPIRICAL_MODELS) or \
-            (frequency and frequency[0].upper() == "FO"):
+    if not _equal_by_definition(key) and (
+            (not frequency and key not in EMPIRICAL_MODELS) or (frequency and frequency[0].upper() == "FO")):
         free.add("frequencies")
     for term in terms[1:]:
         name, _, values = _parse_term(term, string)
         if values is None and name.upper() in ("G", "I", "R"):
             free.add({"G": "gamma_shape", "I": "proportion_invariant", "R": "free_rates"}[name.upper()])
     return frozenset(free)
+
+
+def _base(term, string):
+    """`(canonical model name or six-digit code, values in braces)` of the substitution model."""
+    name, _, values = _parse_term(term, string, _BASE)
+    if len(name) == 6 and name.isdigit():
+        return name, values
+    key = _ALIASES.get(name.upper())
+    if key is None:
+        known = sorted(set(_ALIASES.values()) - set(EMPIRICAL_MODELS)) + list(EMPIRICAL_MODELS)
+        raise ModelError(f"model {string!r}: unknown substitution model {name!r}; known: {', '.join(known)}, "
+                         "or a six-digit rate-class code")
+    return key, values
+
+
+def _equal_by_definition(key):
+    return key in NAMED_DNA_MODELS and NAMED_DNA_MODELS[key][1]
+
+
+def _rate_class_count(key):
+    if key in EMPIRICAL_MODELS or key == "GY94":
+        return None
+    code = NAMED_DNA_MODELS[key][0] if key in NAMED_DNA_MODELS else key
+    return max(rate_classes(code)) + 1
 
 
 def _split(string):
@@ -178,54 +219,72 @@ def _substitution(key, values, pi, alphabet, string):
         else:
             kappa, omega = v if v else (2.0, 0.5)
         return GY94(_positive("kappa", kappa, string), _positive("omega", omega, string, True), pi, alphabet)
-    v = _positional(values, _NUMBER_OF_VALUES[key], (), key, string) or []
-    v = [_positive(f"{key} rate", x, string, allow_zero=True) for x in v]
-    if key == "JC69":
-        return JC69(pi)
-    if key == "F81":
-        return F81(pi)
-    if key == "K80":
-        return K80(v[0] if v else 2.0, pi)
-    if key == "HKY85":
-        return HKY85(v[0] if v else jnp.asarray(2.0), pi)
-    if key == "TN93":
-        return TN93(*(v if v else [jnp.asarray(2.0)] * 2), pi)
-    rates = jnp.stack(v + ([jnp.asarray(1.0)] if len(v) == 5 else [])) if v else jnp.ones(6)
-    return GTR(rates, pi)
+    return _rate_class_model(key, values, pi, string)
+
+
+def _rate_class_model(key, values, pi, string):
+    """A DNA model from its `k` class rates in IQ-TREE's order (`k - 1` given, GT's class 1, or all `k`)."""
+    k = _rate_class_count(key)
+    v = _positional(values, (0,) if k == 1 else (k - 1, k), (), key, string) or []
+    v = [float(_positive(f"{key} rate", x, string, allow_zero=True)) for x in v]
+    if len(v) == k - 1:
+        v.append(1.0)
+    elif v and v[-1] == 0:
+        raise ModelError(f"model {string!r}: the rate of GT's class (the last value) must be positive")
+    if key in ("JC69", "F81"):
+        return _CLASSES[key](pi)
+    if key in ("K80", "HKY85"):
+        return _CLASSES[key](jnp.asarray(v[0] / v[1] if v else 2.0), pi)
+    if key in ("TN93", "TNe"):
+        purine, pyrimidine = (v[0] / v[2], v[1] / v[2]) if v else (2.0, 2.0)
+        return TN93(jnp.asarray(purine), jnp.asarray(pyrimidine), pi)
+    if key in ("GTR", "SYM"):
+        return GTR(jnp.asarray(v) if v else jnp.ones(6), pi)
+    return ConstrainedGTR(key, jnp.asarray(v) if v else None, pi)
 
 
 def _frequencies(key, alphabet, term, alignment, string):
     n = alphabet.num_states
+    equal = jnp.full(n, 1.0 / n)
     if term is None:
         if key in EMPIRICAL_MODELS:
             return None
-        if key in _EQUAL_FREQUENCY_MODELS or alignment is None:
-            return jnp.full(n, 1.0 / n)
+        if _equal_by_definition(key) or alignment is None:
+            return equal
         term = ("F3X4" if key == "GY94" else "F", None)
     name, values = term
+    known = _FREQUENCY_TERMS + (_CODON_FREQUENCY_TERMS if key == "GY94" else ())
+    if name not in known:
+        raise ModelError(f"model {string!r}: unknown frequency term '+{name}' for {key}; "
+                         f"known: {', '.join('+' + k for k in known)}, +F{{...}}")
     if values is not None:
         if name != "F":
-            raise ModelError(f"model {string!r}: only +F takes frequency values")
+            raise ModelError(f"model {string!r}: '+{name}{{...}}' takes no values; give frequencies as +F{{...}}")
+        if _equal_by_definition(key):
+            raise ModelError(f"model {string!r}: {key} has equal base frequencies by definition (IQ-TREE ignores "
+                             f"'+F{{...}}' there); use {_FREE_COUNTERPART[key]} for given frequencies")
         pi = np.array([values.get(k, np.nan) for k in range(len(values))])
         if len(pi) != n:
             raise ModelError(f"model {string!r}: +F needs {n} frequencies, got {len(pi)}")
         if (pi < 0).any() or not np.isfinite(pi).all() or abs(pi.sum() - 1) > 1e-3:
             raise ModelError(f"model {string!r}: frequencies must be >= 0 and sum to 1 (sum {pi.sum():g})")
         return jnp.asarray(pi / pi.sum())
-    if name == "FQ":
-        return jnp.full(n, 1.0 / n)
+    if _equal_by_definition(key) or name == "FQ":  # IQ-TREE 2 keeps these models' equal frequencies whatever the term
+        return equal
+    if name == "FU":  # the model's own: a protein matrix's; nucleotide models have none but equal ones
+        if key == "GY94":
+            raise ModelError(f"model {string!r}: '+FU': GY94 has no frequencies of its own; "
+                             "use +F, +F1X4, +F3X4, +FQ or +F{...}")
+        return None if key in EMPIRICAL_MODELS else equal
     if name == "FO":  # estimated (by inference); starts from the empirical counts
-        name = "F" if alignment is not None else "FQ"
-        if name == "FQ":
-            return jnp.full(n, 1.0 / n)
-    codon_methods = {"F": "F61", "F1X4": "F1X4", "F3X4": "F3X4"}
-    if name not in ("F",) + (tuple(codon_methods) if key == "GY94" else ()):
-        raise ModelError(f"model {string!r}: unsupported frequency term '+{name}'")
+        if alignment is None:
+            return equal
+        name = "F"
     if alignment is None:
         raise ModelError(f"model {string!r}: empirical frequencies (+{name}) need the alignment: "
                          "parse_model(string, alignment=...)")
     if key == "GY94":
-        return jnp.asarray(codon_frequencies(alignment, codon_methods[name]))
+        return jnp.asarray(codon_frequencies(alignment, {"F": "F61", "F1X4": "F1X4", "F3X4": "F3X4"}[name]))
     return jnp.asarray(empirical_frequencies(alignment))
 
 
@@ -263,9 +322,11 @@ def _rate_variation(terms, string):
 def model_string(model: Model) -> str:
     """`model` in IQ-TREE's syntax with every value in braces, so that `parse_model` gives it back.
 
-    E.g. `GTR{1.2,3.4,0.8,1.1,4,1}+F{0.3,0.2,0.2,0.3}+G4{0.52}`. Equal-frequency
-    models (JC69, K80) and amino-acid models with their own frequencies write
-    no frequency term.
+    E.g. `GTR{1.2,3.4,0.8,1.1,4,1}+F{0.3,0.2,0.2,0.3}+G4{0.52}`,
+    `TIM2{2.1,4.5,6.3}+F{...}` (class rates over GT's). Equal-frequency models
+    (JC69, K80, K3P, TIM2e, ...) with equal frequencies and amino-acid models
+    with their own frequencies write no frequency term; an equal-frequency
+    model given other frequencies is written as its free-frequency counterpart.
     """
     sub, rates = model.substitution, model.rate_variation
     numbers = lambda values: ",".join(f"{float(v):.6g}" for v in jnp.ravel(jnp.asarray(values)))
@@ -275,12 +336,21 @@ def model_string(model: Model) -> str:
         if not np.allclose(np.asarray(sub.frequencies), own / own.sum(), atol=1e-12):
             text += f"+F{{{numbers(sub.frequencies)}}}"
     else:
-        text = {JC69: "JC69", K80: "K80", F81: "F81", HKY85: "HKY85", TN93: "TN93", GTR: "GTR", GY94: "GY94"}[type(sub)]
+        if isinstance(sub, ConstrainedGTR):
+            name = sub.name
+        else:
+            name = {JC69: "JC69", K80: "K80", F81: "F81", HKY85: "HKY85", TN93: "TN93", GTR: "GTR",
+                    GY94: "GY94"}[type(sub)]
+        equal = bool(np.allclose(np.asarray(sub.frequencies), 0.25, rtol=0, atol=1e-12))
+        if _equal_by_definition(name) and not equal:
+            name = _FREE_COUNTERPART[name]
+        text = name
         values = {K80: lambda s: [s.kappa], HKY85: lambda s: [s.kappa], GY94: lambda s: [s.kappa, s.omega],
-                  TN93: lambda s: [s.kappa_purine, s.kappa_pyrimidine], GTR: lambda s: s.rates / s.rates[-1]}
+                  TN93: lambda s: [s.kappa_purine, s.kappa_pyrimidine], GTR: lambda s: s.rates / s.rates[-1],
+                  ConstrainedGTR: lambda s: s.class_rates[:-1] / s.class_rates[-1]}
         if type(sub) in values:
             text += f"{{{numbers(jnp.stack([jnp.asarray(v) for v in values[type(sub)](sub)]))}}}"
-        if not isinstance(sub, (JC69, K80)):
+        if not _equal_by_definition(name):
             text += f"+F{{{numbers(sub.frequencies)}}}"
     invariant = rates.proportion_invariant if isinstance(rates, InvariantSites) else None
     base = rates.base if isinstance(rates, InvariantSites) else rates
