@@ -23,7 +23,10 @@ EXAMPLE_MODEL = "HKY{4.0}+F{0.3,0.2,0.2,0.3}+G4{0.5}"
 def _loglik(args) -> None:
     import time
 
+    import numpy as np
+
     import jaxphylo as jp
+    from jaxphylo.likelihood._finite import require_finite
 
     if args.example:
         alignment_path, tree_path = _example_paths()
@@ -38,6 +41,9 @@ def _loglik(args) -> None:
     start = time.perf_counter()
     value = float(jp.log_likelihood(alignment, tree, model, precision=args.precision))
     elapsed = time.perf_counter() - start
+    if not np.isfinite(value):
+        per_pattern = jp.pattern_log_likelihoods(alignment, tree, model, precision=args.precision)
+        require_finite(value, model=model, tree=tree, per_pattern=per_pattern)
     if args.example or args.verbose:
         patterns = alignment.site_patterns().num_patterns
         print(f"# {alignment_path}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, "
@@ -55,7 +61,9 @@ def _sample(args) -> None:
     import jaxphylo as jp
     from jaxphylo.inference import Analysis, prepare
     from jaxphylo.inference._outputs import write_outputs
-    from jaxphylo.inference._runner import progress_printer, run_nuts
+    from jaxphylo._resources import plan
+    from jaxphylo.likelihood._finite import check_start
+    from jaxphylo.inference._runner import chunk_program, progress_printer, run_nuts
 
     if args.example:
         alignment_path, tree_path = _example_paths()
@@ -67,22 +75,32 @@ def _sample(args) -> None:
                         branch_rate=args.branch_rate, priors=args.priors, precision=args.precision)
     alignment = jp.read_alignment(alignment_path, data_type=args.data_type, genetic_code=args.genetic_code)
     tree = jp.read_tree(tree_path)
-    heights, dates_digest = None, None
+    tip_dates, dates_digest = None, None
     if args.dates or args.dates_in_names:
         if not args.clock:
             raise JaxphyloError("tip dates need a clock: add --clock strict or --clock relaxed")
-        dates = jp.io.read_dates(args.dates) if args.dates else jp.io.dates_from_names(tree.taxa)
-        heights = jp.io.tip_heights(dates, tree.taxa, args.dates or "taxon names")
-        dates_digest = hashlib.sha256(repr(sorted(dates.items())).encode()).hexdigest()[:16]
-    prepared = prepare(alignment, tree, analysis, heights)
+        tip_dates = jp.io.read_tip_dates(args.dates) if args.dates else jp.io.tip_dates_from_names(tree.taxa)
+        dates_digest = tip_dates.digest()
+    prepared = prepare(alignment, tree, analysis, tip_dates)
+    plan(prepared.data, prepared.tree, jp.parse_model(args.model, alignment=alignment), args.precision,
+         args.chains, args.dry_run, alignment.num_sites, log=lambda text: print(text, file=sys.stderr),
+         program=chunk_program(prepared.model, prepared.data, prepared.init, args.chains, args.warmup))
+    if args.dry_run:
+        return
     settings = {"alignment": _digest(alignment_path), "tree": _digest(tree_path), "dates": dates_digest,
                 "analysis": analysis.as_dict()}
     log = progress_printer()
+    model = jp.parse_model(args.model, alignment=alignment)
+    start_check = lambda: check_start(prepared.data, prepared.tree, model, args.precision)  # noqa: E731
     draws = run_nuts(prepared.model, prepared.data, prepared.init, args.out, settings=settings,
                      chains=args.chains, warmup=args.warmup, samples=args.samples, block=args.block,
-                     seed=args.seed, resume=args.resume, progress=not args.no_progress, log=log, stop=args.stop)
+                     seed=args.seed, resume=args.resume, progress=not args.no_progress, log=log, stop=args.stop,
+                     check_start=start_check)
     text = write_outputs(args.out, draws, prepared.tree.topology, prepared.time)
     print(text)
+    divergent = int(draws.stats["diverging"].sum())
+    log(f"# {divergent} divergent transitions of {draws.stats['diverging'].size} (non-finite or diverging "
+        f"proposals: rejected, the chain stayed put)")
     log(f"# {args.out}: posterior.nc (ArviZ), chain*.log (Tracer), chain*.trees (NEXUS), summary.tsv, summary.png")
 
 
@@ -90,6 +108,8 @@ def _ml(args) -> None:
     import json
     import time
     from pathlib import Path
+
+    from jaxphylo._resources import peak_memory_text
 
     import jaxphylo as jp
     from jaxphylo import ml
@@ -102,6 +122,9 @@ def _ml(args) -> None:
     if args.redo:
         for stale in (f"{prefix}.ckpt", f"{prefix}.boot.ckpt"):
             Path(stale).unlink(missing_ok=True)
+    if args.dry_run:
+        _ml_dry_run(alignment, start, args, settings)
+        return
     ml._search.check_checkpoint(f"{prefix}.ckpt", args.resume)  # before the log of a saved run is overwritten
     log_file = open(f"{prefix}.log", "a" if args.resume else "w")
 
@@ -139,10 +162,24 @@ def _ml(args) -> None:
     }
     with open(f"{prefix}.json", "w") as handle:
         json.dump(summary, handle, indent=1)
-    log(f"# log L {result.log_likelihood:.4f}; {result.model_string}; {seconds:.1f} s")
+    log(f"# log L {result.log_likelihood:.4f}; {result.model_string}; {seconds:.1f} s; "
+        f"peak memory {peak_memory_text()}")
     log(f"# {prefix}.treefile, {prefix}.json, {prefix}.log")
     log_file.close()
     print(f"{result.log_likelihood:.6f}")
+
+
+def _ml_dry_run(alignment, start, args, settings) -> None:
+    """The memory and time of the search's widest evaluation (the SPR chunk, or twice the batch)."""
+    import jaxphylo as jp
+    from jaxphylo._resources import plan
+    from jaxphylo.likelihood import pattern_data
+
+    tree = start or jp.random_topology_tree(alignment.taxa, seed=args.seed)
+    model, _ = jp.ml._fit.resolve_model(args.model, alignment)
+    batch = max(2 * max(args.batch, args.starts), settings.spr_chunk if args.radius else 0)
+    plan(pattern_data(alignment, tree), tree, model, args.precision, batch, True, alignment.num_sites,
+         log=lambda text: print(text, file=sys.stderr))
 
 
 def _digest(path) -> str:
@@ -237,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--model", "-m", default="HKY+G4", help="model string (default HKY+G4); values in braces are fixed")
     sample.add_argument("--clock", choices=("strict", "relaxed"), default=None,
                         help="a rooted time tree with this clock (default: unrooted tree, free branch lengths)")
-    sample.add_argument("--dates", help="TSV of taxon<TAB>decimal date (tip dates; needs --clock)")
+    sample.add_argument("--dates", help="TSV: taxon<TAB>date, or a header naming date or lower/upper; decimal years "
+                                        "(1999.5), ISO dates (2004-07-12), months (2004-07) or years (2004) as "
+                                        "intervals (sampled); NA to estimate (needs --clock)")
     sample.add_argument("--dates-in-names", action="store_true", help="dates at the end of taxon names, e.g. A_1999.5")
     sample.add_argument("--tree-prior", help="unrooted: exponential (default), gamma-dirichlet; "
                                              "time tree: coalescent (default), skygrid, yule, birth-death")
@@ -251,6 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--out", "-o", default="jaxphylo-run", help="output directory (default jaxphylo-run)")
     sample.add_argument("--resume", action="store_true", help="continue the run saved in --out")
+    sample.add_argument("--dry-run", action="store_true",
+                        help="print the data sizes, memory per device and the time of one evaluation; then exit")
     sample.add_argument("--max-time", help="stop, saved, after this long (e.g. 23h, 90m, 36:00:00); "
                                            "SIGTERM, SIGINT and SIGUSR1 do the same")
     sample.add_argument("--precision", choices=("float64", "float32"), default="float64")
@@ -277,6 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--genetic-code", type=int, default=1)
     ml.add_argument("--resume", action="store_true", help="continue the search saved in PREFIX.ckpt")
     ml.add_argument("--redo", action="store_true", help="ignore and replace a saved search with this prefix")
+    ml.add_argument("--dry-run", action="store_true",
+                    help="print the data sizes, memory per device and the time of one evaluation; then exit")
     ml.add_argument("--max-time", help="stop, saved, after this long (e.g. 23h); SIGTERM, SIGINT, SIGUSR1 too")
     ml.set_defaults(run=_ml)
 
@@ -328,6 +371,13 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("jaxphylo: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # XLA's out-of-memory error becomes one line; anything else is a bug: traceback
+        from ._resources import out_of_memory_message
+
+        if (message := out_of_memory_message(err)) is None:
+            raise
+        print(f"jaxphylo: error: {message}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -186,6 +186,12 @@ def test_interrupted_search_resumes_to_the_uninterrupted_result(simulated, tmp_p
         run(resume=True)
 
 
+def test_a_start_with_a_non_finite_likelihood_stops_the_search_with_its_cause(simulated):
+    _, alignment, settings, _ = simulated
+    with pytest.raises(jp.ModelError, match="log-likelihood of start tree 1 is nan: site pattern"):
+        ml.search(alignment, "HKY{3}+F{0.5,0.5,0,0}+G4{0.8}", settings=settings, seed=1)
+
+
 def test_interrupted_bootstrap_resumes_to_the_same_trees(simulated, tmp_path, monkeypatch):
     _, alignment, settings, result = simulated
     monkeypatch.setattr(ml._support, "BOOTSTRAP_BATCH", 3)

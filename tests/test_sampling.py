@@ -181,3 +181,34 @@ def test_sample_command_on_a_dated_time_tree(tmp_path):
     bad = cli(*base, "--dates", str(tmp_path / "extra.tsv"), "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and "'ghost' has a date but is not in the tree" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def _gib(text: str, pattern: str) -> float:
+    import re
+
+    value, unit = re.search(pattern + r"\s*([0-9.]+) (GiB|MiB)", text).groups()
+    return float(value) * (1 if unit == "GiB" else 1 / 1024)
+
+
+def test_dry_run_memory_is_within_20_percent_of_the_run(whole_run):
+    """`--dry-run` compiles the sampler on shapes and prints its memory; the real run reports its peak."""
+    _, result = whole_run
+    dry = cli(*SAMPLE_ARGS, "--out", "unused-dry-run", "--dry-run", timeout=900)
+    assert dry.returncode == 0, dry.stderr
+    for words in ("16 taxa", "600 sites", "307 patterns", "4 states", "4 rate categories", "partials",
+                  "transition matrices", "free of", "one likelihood-and-gradient"):
+        assert words in dry.stderr, words
+    estimate = _gib(dry.stderr, r"\(outside XLA\) =")
+    measured = _gib(result.stderr, r"peak memory while sampling:")
+    assert abs(estimate - measured) <= 0.2 * measured, (estimate, measured)
+    assert not os.path.exists("unused-dry-run")
+
+
+def test_a_run_too_large_for_memory_stops_before_allocating(tmp_path):
+    import resource
+
+    result = cli(*SAMPLE_ARGS, "--chains", "1000000", "--out", str(tmp_path / "big"), timeout=900)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "this run needs about" in result.stderr and "is free" in result.stderr and "--precision float32" in result.stderr
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 4 * 2**20  # KiB: never near the 100+ GiB
+    assert not (tmp_path / "big").exists()

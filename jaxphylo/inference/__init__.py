@@ -1,12 +1,12 @@
 """Bayesian inference with NumPyro: the alignment distribution, tree parameterisations and priors, runs."""
 
 from ..likelihood import PatternData, pattern_data
-from ._analysis import Analysis, Prepared, prepare, unrooted
+from ._analysis import Analysis, Prepared, prepare, sample_tip_heights, unrooted
 from ._distribution import PhyloCTMC
 from ._model_priors import MRBAYES_PRIORS, default_priors, initial_values, sample_model
 from ._time_tree import (
-    TimeTree, branch_durations, heights_from_tree, heights_to_ratios, ratio_log_jacobian, ratios_to_heights,
-    time_tree,
+    TimeTree, branch_durations, heights_from_tree, heights_to_ratios, node_anchors, ratio_log_jacobian,
+    ratios_to_heights, start_heights, time_tree, with_sampled_tips,
 )
 from ._tree_priors import (
     BirthDeath, ConstantCoalescent, GammaDirichlet, NodeHeightPrior, NodeHeights, RatioTransform, Skygrid, Yule,
@@ -16,7 +16,8 @@ __all__ = [
     "PhyloCTMC", "PatternData", "pattern_data", "Analysis", "Prepared", "prepare", "unrooted",
     "sample_model", "initial_values", "default_priors", "MRBAYES_PRIORS",
     "TimeTree", "time_tree", "ratios_to_heights", "heights_to_ratios", "ratio_log_jacobian",
-    "branch_durations", "heights_from_tree",
+    "branch_durations", "heights_from_tree", "start_heights", "node_anchors", "with_sampled_tips",
+    "sample_tip_heights",
     "GammaDirichlet", "NodeHeights", "RatioTransform", "NodeHeightPrior", "ConstantCoalescent", "Skygrid",
     "BirthDeath", "Yule",
 ]

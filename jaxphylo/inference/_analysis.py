@@ -12,6 +12,13 @@ the mean rate is 1. The relaxed clock is uncorrelated lognormal: branch rates
 `m exp(s z - s^2 / 2)`, `z ~ N(0, 1)` (non-centred, so NUTS sees no funnel),
 `s ~ Exponential(3)` (mean 1/3, BEAST's default). Scale hyperparameters
 (population size, birth rate) get the 1/x prior.
+
+Tip-date sampling (BEAST's): a tip dated to an interval `[a, b]` (decimal
+years) has its height `reference - date` sampled under a uniform prior on
+`[reference - b, reference - a]`, site `tip_heights_free` (one entry per such
+tip, in tree order), before the node heights, whose anchors follow it.
+`reference` is the latest upper bound of any tip (height 0); the dates
+themselves are the deterministic site `tip_dates` (`date_<taxon>` in the logs).
 """
 
 from __future__ import annotations
@@ -28,13 +35,13 @@ from .._alignment import Alignment
 from .._distances import distances
 from .._errors import ModelError
 from .._tree import Tree
-from ..io import to_dendropy
+from ..io import TipDates, to_dendropy
 from ..io._tree_files import _from_dendropy
 from ..likelihood import pattern_data
 from ..models import estimated_parameters, parse_model
 from ._distribution import PhyloCTMC
 from ._model_priors import MRBAYES_PRIORS, initial_values, sample_model
-from ._time_tree import TimeTree, branch_durations, heights_from_tree, time_tree
+from ._time_tree import TimeTree, branch_durations, start_heights, time_tree, with_sampled_tips
 from ._tree_priors import BirthDeath, ConstantCoalescent, GammaDirichlet, Skygrid, Yule
 
 CLOCKS = (None, "strict", "relaxed")
@@ -86,6 +93,7 @@ class Prepared:
     init: dict
     tree: Tree
     time: TimeTree | None
+    reference: float | None = None  # the decimal year at height 0, when built from TipDates
 
 
 def unrooted(tree: Tree) -> Tree:
@@ -98,28 +106,45 @@ def unrooted(tree: Tree) -> Tree:
     return _from_dendropy(dtree, "<tree>", None)
 
 
-def prepare(alignment: Alignment, tree: Tree, analysis: Analysis, tip_heights=None) -> Prepared:
-    """Build the NumPyro model of `analysis` for `alignment` on the topology of `tree`."""
+def prepare(alignment: Alignment, tree: Tree, analysis: Analysis, tip_dates=None) -> Prepared:
+    """Build the NumPyro model of `analysis` for `alignment` on the topology of `tree`.
+
+    `tip_dates`: fixed tip heights (an array in the tree's taxa order, years or
+    substitutions before the latest tip), or a `jaxphylo.io.TipDates`, whose
+    intervals and undated tips become sampled tip heights (see the module).
+    """
     model = parse_model(analysis.model, alignment=alignment)
     estimated = estimated_parameters(analysis.model)
     priors = PRIOR_SETS[analysis.priors]
     init = initial_values(model, estimated)
     if analysis.clock is None:
+        if tip_dates is not None:
+            raise ModelError("tip dates need a clock (a time tree): choose clock='strict' or 'relaxed'")
         tree = unrooted(tree)
         data = pattern_data(alignment, tree)
         build = _unrooted_model(tree, model, estimated, priors, analysis)
         lengths = np.asarray(tree.branch_lengths[:-1], float)
         init["branch_lengths"] = jnp.asarray(np.clip(lengths, 1e-4, None))
         return Prepared(build, data, init, tree, None)
-    time = time_tree(tree.topology, tip_heights)
+    time, reference = _time_tree_of(tree, tip_dates)
     data = pattern_data(alignment, tree)
-    heights = heights_from_tree(tree, time)
+    tips, heights = start_heights(tree, time)
     dated = not time.contemporaneous
-    rate = _rate_guess(alignment, time, heights) if dated else 1.0
-    init.update(_time_tree_start(analysis, time, heights, rate))
+    rate = _rate_guess(alignment, tips, heights) if dated else 1.0
+    init.update(_time_tree_start(analysis, time, tips, heights, rate))
     cutoff = analysis.skygrid_cutoff or 1.2 * float(heights[-1])
-    build = _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff)
-    return Prepared(build, data, init, tree, time)
+    build = _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff, reference)
+    return Prepared(build, data, init, tree, time, reference)
+
+
+def _time_tree_of(tree: Tree, tip_dates) -> tuple[TimeTree, float | None]:
+    """The time tree of `tree`'s topology with fixed heights or `TipDates`, and the year at height 0."""
+    if not isinstance(tip_dates, TipDates):
+        return time_tree(tree.topology, tip_dates), None
+    bounds = tip_dates.heights(tree.taxa)
+    if bounds.fixed:
+        return time_tree(tree.topology, bounds.lower), bounds.reference
+    return time_tree(tree.topology, tip_bounds=np.stack([bounds.lower, bounds.upper])), bounds.reference
 
 
 def _unrooted_model(tree, model, estimated, priors, analysis):
@@ -146,10 +171,10 @@ def _improper_positive(name):
     return value
 
 
-def _tree_prior(analysis, time, cutoff):
+def _tree_prior(analysis, time, cutoff, tips):
     kind = analysis.resolved_tree_prior
     if kind == "coalescent":
-        return ConstantCoalescent(time, _improper_positive("population_size"))
+        return ConstantCoalescent(time, _improper_positive("population_size"), tip_heights=tips)
     if kind == "yule":
         return Yule(time, _improper_positive("birth_rate"))
     if kind == "birth-death":
@@ -162,15 +187,28 @@ def _tree_prior(analysis, time, cutoff):
     steps = numpyro.sample("skygrid_steps", dist.Normal(0.0, 1.0).expand([k - 1]).to_event(1))
     sizes = first + jnp.concatenate([jnp.zeros(1), jnp.cumsum(steps)]) / jnp.sqrt(precision)
     numpyro.deterministic("log_population_sizes", sizes)
-    return Skygrid(time, sizes, cutoff)
+    return Skygrid(time, sizes, cutoff, tip_heights=tips)
 
 
-def _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff):
+def sample_tip_heights(time: TimeTree, reference: float | None):
+    """All tip heights, with the sampled tips' drawn from Uniform(low, high) (site `tip_heights_free`);
+    `None` when every tip is fixed. Their dates `reference - height` are the site `tip_dates`."""
+    if not time.sampled:
+        return None
+    low, high = time.free_bounds
+    free = numpyro.sample("tip_heights_free", dist.Uniform(low, high).to_event(1))
+    if reference is not None:
+        numpyro.deterministic("tip_dates", reference - free)
+    return with_sampled_tips(time, free)
+
+
+def _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff, reference):
     num_branches = time.topology.num_nodes - 1
 
     def time_tree_model(data):
-        heights = numpyro.sample("node_heights", _tree_prior(analysis, time, cutoff))
-        durations = branch_durations(time, heights)[:-1]
+        tips = sample_tip_heights(time, reference)
+        heights = numpyro.sample("node_heights", _tree_prior(analysis, time, cutoff, tips))
+        durations = branch_durations(time, heights, tips)[:-1]
         if dated:
             rate = numpyro.sample("clock_rate", dist.Gamma(0.5, jnp.sum(durations)))
         else:
@@ -189,18 +227,20 @@ def _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff):
     return time_tree_model
 
 
-def _rate_guess(alignment, time, heights):
+def _rate_guess(alignment, tips, heights):
     """Mean JC69 distance over twice the mean time back to the root: a start for the clock rate."""
     d = distances(alignment, "jc69" if alignment.alphabet.num_states == 4 else None, saturated=3.0)
     mean_distance = float(np.mean(d[np.triu_indices(len(d), 1)]))
-    mean_depth = float(heights[-1] - np.mean(time.tip_heights))
+    mean_depth = float(heights[-1] - np.mean(tips))
     return max(mean_distance / (2 * mean_depth), 1e-12)
 
 
-def _time_tree_start(analysis, time, heights, rate):
+def _time_tree_start(analysis, time, tips, heights, rate):
     root = float(heights[-1])
     n = time.num_tips
     start = {"node_heights": jnp.asarray(heights)}
+    if time.sampled:
+        start["tip_heights_free"] = jnp.asarray(tips[time.free_tips])
     if not time.contemporaneous:
         start["clock_rate"] = jnp.asarray(rate)
     kind = analysis.resolved_tree_prior

@@ -11,11 +11,20 @@ from .._tree import Topology
 from ._runner import Draws
 from ._time_tree import TimeTree
 
-HIDDEN = ("rate_z", "skygrid_steps")  # standard-normal auxiliaries of non-centred parameterisations
+# standard-normal auxiliaries of non-centred parameterisations; sampled tip heights (their dates are logged)
+HIDDEN = ("rate_z", "skygrid_steps", "tip_heights_free")
 
 
-def _columns(samples: dict) -> list[tuple[str, np.ndarray]]:
-    """Scalar columns `[chains, draws]`: vectors become `name.1`, `name.2`, ... (Tracer's convention)."""
+def column_labels(time: TimeTree | None) -> dict[str, list[str]]:
+    """Names for the entries of vector sites: `tip_dates` entries become `date_<taxon>`."""
+    if time is None or not time.sampled:
+        return {}
+    return {"tip_dates": [f"date_{time.topology.taxa[tip]}" for tip in time.free_tips]}
+
+
+def _columns(samples: dict, labels: dict | None = None) -> list[tuple[str, np.ndarray]]:
+    """Scalar columns `[chains, draws]`: vectors become `name.1`, `name.2`, ... (Tracer's convention),
+    or the names `labels[name]` gives."""
     columns = []
     for name, values in samples.items():
         if name in HIDDEN:
@@ -24,14 +33,15 @@ def _columns(samples: dict) -> list[tuple[str, np.ndarray]]:
             columns.append((name, values))
         else:
             flat = values.reshape(values.shape[:2] + (-1,))
-            columns += [(f"{name}.{i + 1}", flat[..., i]) for i in range(flat.shape[-1])]
+            names = (labels or {}).get(name) or [f"{name}.{i + 1}" for i in range(flat.shape[-1])]
+            columns += [(names[i], flat[..., i]) for i in range(flat.shape[-1])]
     return columns
 
 
-def write_tracer_logs(out: Path, draws: Draws) -> list[Path]:
+def write_tracer_logs(out: Path, draws: Draws, labels: dict | None = None) -> list[Path]:
     """One tab-separated log per chain, as BEAST writes them: Tracer opens them as they are."""
     columns = [("posterior", draws.stats["posterior"]), ("likelihood", draws.stats["likelihood"]),
-               ("prior", draws.stats["prior"])] + _columns(draws.samples)
+               ("prior", draws.stats["prior"])] + _columns(draws.samples, labels)
     paths = []
     for chain in range(draws.num_draws and columns[0][1].shape[0]):
         path = out / f"chain{chain + 1}.log"
@@ -62,10 +72,11 @@ def write_trees(out: Path, draws: Draws, topology: Topology, time: TimeTree | No
     chains = draws.stats["posterior"].shape[0]
     translate = ",\n".join(f"\t\t{i + 1} '{name}'" for i, name in enumerate(topology.taxa))
     rooted = "[&R]" if time is not None else "[&U]"
+    tips = None if time is None else tip_height_draws(draws, time)
     for chain in range(chains):
         lines = ["#NEXUS", "", "Begin trees;", "\tTranslate", translate, "\t\t;"]
         for draw in range(draws.num_draws):
-            lengths, notes = _branch_values(draws, chain, draw, topology, time)
+            lengths, notes = _branch_values(draws, chain, draw, topology, None if tips is None else tips[chain, draw])
             lines.append(f"tree STATE_{draw} = {rooted} {_newick(topology, lengths, notes)}")
         lines.append("End;")
         path = out / f"chain{chain + 1}.trees"
@@ -74,21 +85,31 @@ def write_trees(out: Path, draws: Draws, topology: Topology, time: TimeTree | No
     return paths
 
 
-def _branch_values(draws, chain, draw, topology, time):
+def tip_height_draws(draws: Draws, time: TimeTree) -> np.ndarray:
+    """Tip heights `[chains, draws, tips]`: the fixed ones, and the sampled ones of every draw."""
+    shape = draws.samples["node_heights"].shape[:2] + (time.num_tips,)
+    tips = np.broadcast_to(time.tip_heights, shape).copy()
+    if time.sampled:
+        tips[..., time.free_tips] = draws.samples["tip_heights_free"]
+    return tips
+
+
+def _branch_values(draws, chain, draw, topology, tips):
+    """Branch lengths and notes of one draw: substitutions (no `tips`), or durations and `[&rate=...]`."""
     n = topology.num_nodes
     substitutions = np.append(draws.samples["branch_lengths"][chain, draw], 0.0)
-    if time is None:
+    if tips is None:
         return substitutions, [""] * n
-    heights = np.concatenate([time.tip_heights, draws.samples["node_heights"][chain, draw]])
+    heights = np.concatenate([tips, draws.samples["node_heights"][chain, draw]])
     parent = topology.parent_array
     durations = np.append(heights[parent[:-1]] - heights[:-1], 0.0)
     rates = substitutions / np.where(durations > 0, durations, np.inf)
     return durations, [f"[&rate={r:.8g}]" for r in rates]
 
 
-def summary_table(draws: Draws, prob: float = 0.95) -> list[dict]:
+def summary_table(draws: Draws, prob: float = 0.95, labels: dict | None = None) -> list[dict]:
     """Mean, sd, HPD interval, bulk ESS and split R-hat of every column."""
-    columns = [("likelihood", draws.stats["likelihood"])] + _columns(draws.samples)
+    columns = [("likelihood", draws.stats["likelihood"])] + _columns(draws.samples, labels)
     stats = numpyro_summary({name: values for name, values in columns}, prob=prob, group_by_chain=True)
     low, high = f"{100 * (1 - prob) / 2:.1f}%", f"{100 * (1 + prob) / 2:.1f}%"
     return [{"name": name, "mean": s["mean"], "sd": s["std"], "hpd_low": s[low], "hpd_high": s[high],
@@ -104,10 +125,14 @@ def write_summary(out: Path, rows: list[dict]) -> str:
             handle.write("\t".join([row["name"]] + [f"{float(row[k]):.6g}" for k in keys[1:]]) + "\n")
     lines = [f"{'parameter':<24}{'mean':>12}{'sd':>11}{'95% HPD':>25}{'ESS':>9}{'R-hat':>7}"]
     vectors: dict[str, list[dict]] = {}
+    many_dates = sum(row["name"].startswith("date_") for row in rows) > 12
     for row in rows:
         base, dot, index = row["name"].rpartition(".")
         if dot and index.isdigit():
             vectors.setdefault(base, []).append(row)
+            continue
+        if many_dates and row["name"].startswith("date_"):
+            vectors.setdefault("tip dates", []).append(row)
             continue
         lines.append(f"{row['name']:<24}{row['mean']:>12.5g}{row['sd']:>11.4g}"
                      f"   [{row['hpd_low']:>10.4g}, {row['hpd_high']:>10.4g}]{row['ess']:>9.0f}{row['r_hat']:>7.3f}")
@@ -187,7 +212,8 @@ def _draw_tree(axis, draws, topology, time):
         axis.set_xlabel("substitutions per site (bars: 95% interval of each branch length)")
     else:
         heights = draws.samples["node_heights"].reshape(-1, m - n)
-        x = -np.concatenate([time.tip_heights, heights.mean(0)])
+        tips = tip_height_draws(draws, time).reshape(-1, n)
+        x = -np.concatenate([tips.mean(0), heights.mean(0)])
         low, high = np.percentile(heights, [2.5, 97.5], axis=0)
         for node in range(m - 1):
             axis.plot([x[parent[node]], x[node]], [y[node], y[node]], color="k", lw=1)
@@ -218,8 +244,9 @@ def _tip_order(topology):
 def write_outputs(out, draws: Draws, topology: Topology, time: TimeTree | None) -> str:
     """Every output file of a run; returns the printed summary."""
     out = Path(out)
-    write_tracer_logs(out, draws)
+    labels = column_labels(time)
+    write_tracer_logs(out, draws, labels)
     write_trees(out, draws, topology, time)
     write_inference_data(out, draws)
     plot_run(out, draws, topology, time)
-    return write_summary(out, summary_table(draws))
+    return write_summary(out, summary_table(draws, labels=labels))

@@ -35,6 +35,7 @@ from numpyro.infer import NUTS, init_to_value
 from .._checkpoint import (NEVER, CheckpointError, Interrupted, atomic_write, compare_settings, load_checkpoint,
                            save_checkpoint, write_npz)
 from .._errors import InputError
+from .._resources import peak_memory_text, reset_peak_resident
 
 EXTRA_FIELDS = ("diverging", "num_steps", "accept_prob")
 CHUNK_MAX = 64  # iterations per device call at most (the draw buffer's length)
@@ -122,6 +123,12 @@ class ChainStepper:
     def init(self, keys, data):
         return self._init(keys, data)
 
+    def compile_chunk(self, keys, data):
+        """The chunk program compiled on shapes alone (for its memory): nothing is run or allocated."""
+        shapes = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), tree)
+        state = jax.eval_shape(self._init, keys, shapes(data))
+        return self._advance.lower(state, jax.ShapeDtypeStruct((), jnp.int32), shapes(data)).compile()
+
     def advance(self, state, n: int, data):
         """`n` more iterations of every chain; draws as host arrays `[chains, n, ...]`."""
         state, (z, *stats) = self._advance(state, jnp.asarray(n, jnp.int32), data)
@@ -132,13 +139,16 @@ class ChainStepper:
 
 def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, warmup: int = 500,
              samples: int = 1000, block: int = 100, seed: int = 0, resume: bool = False,
-             progress: bool = True, method: str | None = None, log=print, stop=NEVER) -> Draws:
+             progress: bool = True, method: str | None = None, log=print, stop=NEVER, check_start=None) -> Draws:
     """NUTS on `model(data)`, `chains` chains, saved in blocks of `block` draws under `out`.
 
     `settings` describes the run (data, analysis, sampler options); a resumed
     run must match it except for `samples`, which may grow. `stop` (a
     `StopRequests`) is read between chunks: when it fires the run saves and
-    raises `Interrupted`.
+    raises `Interrupted`. A start whose log density or gradient is not finite
+    is an error: `check_start()`, if given, raises the one that names the cause.
+    Later non-finite proposals are divergent transitions: rejected (the chain
+    stays where it was) and counted in the `diverging` statistic.
     """
     out = Path(out)
     method = method if method in ("parallel", "vectorized") else chain_method(chains)
@@ -151,6 +161,11 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
     kernel = NUTS(model, init_strategy=init_to_value(values=init))
     stepper = ChainStepper(kernel, warmup, method)
     state = stepper.init(jax.random.split(jax.random.PRNGKey(seed), chains), data)
+    if not (np.all(np.isfinite(np.asarray(state.potential_energy)))
+            and all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(state.z_grad))):
+        if check_start is not None:
+            check_start()  # names the parameter, branch or pattern
+        raise InputError("the log posterior or its gradient is not finite at the starting values")
     position, pending = 0, None
     if saved is not None:
         state = jax.tree.unflatten(jax.tree.structure(state), saved["state"])
@@ -170,6 +185,8 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
             n = min(chunk, boundary - position)
             began = time.monotonic()
             state, z, stats = stepper.advance(state, n, data)
+            if chunk == 1 and n == 1:
+                reset_peak_resident()  # compilation's peak is not the run's
             chunk = _next_chunk(n, time.monotonic() - began)
             position += n
             if position > warmup:
@@ -189,7 +206,16 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
     finally:
         bar(None)
     _save(out, checked, state, position, pending)  # the same bytes as the last block's save, or warmup's
+    log(f"# peak memory while sampling: {peak_memory_text()}")
     return load_draws(out, total)
+
+
+def chunk_program(model, data, init: dict, chains: int, warmup: int, method: str | None = None):
+    """`(name, compile)` for `jaxphylo._resources.plan`: the memory of the sampler's own chunk program."""
+    method = method if method in ("parallel", "vectorized") else chain_method(chains)
+    stepper = ChainStepper(NUTS(model, init_strategy=init_to_value(values=init)), warmup, method)
+    keys = jax.random.split(jax.random.PRNGKey(0), chains)
+    return f"NUTS chunk of {chains} chain{'s' * (chains > 1)} ({method})", lambda: stepper.compile_chunk(keys, data)
 
 
 def _next_chunk(n: int, seconds: float) -> int:

@@ -6,6 +6,11 @@ transform (`RatioTransform`, registered with `biject_to`), so
 `numpyro.sample("node_heights", ConstantCoalescent(time_tree, 10.0))` is all a
 model needs: NUTS moves in the unconstrained space and the log-Jacobian is
 added for it.
+
+Where some tip heights are parameters (tip-date sampling), pass their current
+values as `tip_heights=`: the support, and so the transform, then depend on
+them (their anchors move), and the tips' own prior and Jacobian belong to
+their own sample site, sampled before the node heights.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from numpyro.distributions.transforms import Transform, biject_to
 
 from .._errors import InputError, ModelError
 from ._time_tree import TimeTree, all_heights, heights_to_ratios, ratio_log_jacobian, ratios_to_heights
+
+TipHeights = Float[Array, " tips"] | None  # the current tip heights where some are sampled, else None
 
 
 class GammaDirichlet(Distribution):
@@ -62,24 +69,26 @@ class GammaDirichlet(Distribution):
 
 
 class NodeHeights(constraints.Constraint):
-    """Internal node heights of `tree`, each above its children and the root above its anchor."""
+    """Internal node heights of `tree`, each above its children (tips at `tips`, default the tree's)."""
 
     event_dim = 1
 
-    def __init__(self, tree: TimeTree):
-        self.tree = tree
+    def __init__(self, tree: TimeTree, tips: TipHeights = None):
+        self.tree, self.tips = tree, tips
 
     def __call__(self, heights):
-        h = all_heights(self.tree, jnp.asarray(heights))
+        heights = jnp.asarray(heights)
+        h = jnp.vectorize(lambda x: all_heights(self.tree, x, self.tips), signature="(k)->(m)")(heights)
         parent = self.tree.topology.parent_array
         return jnp.all(h[..., parent[:-1]] > h[..., :-1], -1)
 
     def feasible_like(self, prototype):
         k = self.tree.num_internal
-        return jnp.broadcast_to(ratios_to_heights(self.tree, jnp.ones(()), jnp.full(k - 1, 0.5)), prototype.shape)
+        feasible = ratios_to_heights(self.tree, jnp.ones(()), jnp.full(k - 1, 0.5), self.tips)
+        return jnp.broadcast_to(feasible, prototype.shape)
 
     def tree_flatten(self):
-        return (), ((), {"tree": self.tree})
+        return (self.tips,), (("tips",), {"tree": self.tree})
 
 
 class RatioTransform(Transform):
@@ -87,48 +96,53 @@ class RatioTransform(Transform):
 
     domain = constraints.real_vector
 
-    def __init__(self, tree: TimeTree):
-        self.tree = tree
+    def __init__(self, tree: TimeTree, tips: TipHeights = None):
+        self.tree, self.tips = tree, tips
 
     @property
     def codomain(self):
-        return NodeHeights(self.tree)
+        return NodeHeights(self.tree, self.tips)
 
     def __call__(self, x):
-        return jnp.vectorize(lambda v: ratios_to_heights(self.tree, jnp.exp(v[-1]), jax.nn.sigmoid(v[:-1])),
-                             signature="(k)->(k)")(x)
+        def one(v):
+            return ratios_to_heights(self.tree, jnp.exp(v[-1]), jax.nn.sigmoid(v[:-1]), self.tips)
+        return jnp.vectorize(one, signature="(k)->(k)")(x)
 
     def _inverse(self, y):
         def one(h):
-            offset, ratios = heights_to_ratios(self.tree, h)
+            offset, ratios = heights_to_ratios(self.tree, h, self.tips)
             return jnp.concatenate([jax.scipy.special.logit(ratios), jnp.log(offset)[None]])
         return jnp.vectorize(one, signature="(k)->(k)")(y)
 
     def log_abs_det_jacobian(self, x, y, intermediates=None):
         logits = x[..., :-1]
         log_sigmoid_slope = -jax.nn.softplus(-logits) - jax.nn.softplus(logits)
-        jacobian = jnp.vectorize(lambda h: ratio_log_jacobian(self.tree, h), signature="(k)->()")(y)
+        jacobian = jnp.vectorize(lambda h: ratio_log_jacobian(self.tree, h, self.tips), signature="(k)->()")(y)
         return jacobian + jnp.sum(log_sigmoid_slope, -1) + x[..., -1]
 
     def tree_flatten(self):
-        return (), ((), {"tree": self.tree})
+        return (self.tips,), (("tips",), {"tree": self.tree})
 
 
 @biject_to.register(NodeHeights)
 def _ratio_transform(constraint):
-    return RatioTransform(constraint.tree)
+    return RatioTransform(constraint.tree, constraint.tips)
 
 
 class NodeHeightPrior(Distribution):
-    """A prior density on the internal node heights of a fixed rooted topology."""
+    """A prior density on the internal node heights of a fixed rooted topology, given the tip heights.
 
-    def __init__(self, tree: TimeTree, validate_args=None):
-        self.tree = tree
+    `tip_heights`: the current heights of all tips where some are sampled
+    (`None`: the tree's fixed ones).
+    """
+
+    def __init__(self, tree: TimeTree, validate_args=None, *, tip_heights: TipHeights = None):
+        self.tree, self.tip_heights = tree, tip_heights
         super().__init__(batch_shape=(), event_shape=(tree.num_internal,), validate_args=validate_args)
 
     @property
     def support(self):
-        return NodeHeights(self.tree)
+        return NodeHeights(self.tree, self.tip_heights)
 
     def sample(self, key, sample_shape=()):
         raise NotImplementedError(f"{type(self).__name__} gives a density on a fixed topology; "
@@ -141,7 +155,7 @@ def _require_binary(tree: TimeTree, what: str) -> None:
         raise InputError(f"the {what} prior needs a binary rooted tree; this one has a polytomy")
 
 
-def coalescent_log_density(tree: TimeTree, heights, log_population_sizes, grid=()):
+def coalescent_log_density(tree: TimeTree, heights, log_population_sizes, grid=(), tips: TipHeights = None):
     """Log density of the node heights under the coalescent with `log theta = log_population_sizes[j]`
     between grid points `grid[j-1]` and `grid[j]` (one size and no grid: constant).
 
@@ -149,7 +163,7 @@ def coalescent_log_density(tree: TimeTree, heights, log_population_sizes, grid=(
     events `k` lineages coalesce at rate `C(k, 2) / theta`, and each coalescence adds `-log theta`.
     """
     grid = np.asarray(grid, float)
-    times = jnp.concatenate([all_heights(tree, heights), jnp.asarray(grid, heights.dtype)])
+    times = jnp.concatenate([all_heights(tree, heights, tips), jnp.asarray(grid, heights.dtype)])
     change = np.concatenate([np.ones(tree.num_tips), -np.ones(tree.num_internal), np.zeros(len(grid))])
     order = jnp.argsort(times)  # an integer order: `times[order]` carries the gradient
     times, change = times[order], jnp.asarray(change)[order]
@@ -167,13 +181,14 @@ class ConstantCoalescent(NodeHeightPrior):
     `k` the lineages alive in each interval between consecutive events.
     """
 
-    def __init__(self, tree: TimeTree, population_size, validate_args=None):
+    def __init__(self, tree: TimeTree, population_size, validate_args=None, *, tip_heights: TipHeights = None):
         _require_binary(tree, "coalescent")
         self.population_size = population_size
-        super().__init__(tree, validate_args)
+        super().__init__(tree, validate_args, tip_heights=tip_heights)
 
     def log_prob(self, heights: Float[Array, " internal"]):
-        return coalescent_log_density(self.tree, heights, jnp.log(jnp.atleast_1d(self.population_size)))
+        log_size = jnp.log(jnp.atleast_1d(self.population_size))
+        return coalescent_log_density(self.tree, heights, log_size, tips=self.tip_heights)
 
 
 class Skygrid(NodeHeightPrior):
@@ -185,15 +200,16 @@ class Skygrid(NodeHeightPrior):
     `inference.prepare`'s models).
     """
 
-    def __init__(self, tree: TimeTree, log_population_sizes, cutoff: float, validate_args=None):
+    def __init__(self, tree: TimeTree, log_population_sizes, cutoff: float, validate_args=None, *,
+                 tip_heights: TipHeights = None):
         _require_binary(tree, "skygrid")
         self.log_population_sizes = jnp.asarray(log_population_sizes)
         k = self.log_population_sizes.shape[-1]
         self.grid = np.arange(1, k) * cutoff / max(k - 1, 1)
-        super().__init__(tree, validate_args)
+        super().__init__(tree, validate_args, tip_heights=tip_heights)
 
     def log_prob(self, heights: Float[Array, " internal"]):
-        return coalescent_log_density(self.tree, heights, self.log_population_sizes, self.grid)
+        return coalescent_log_density(self.tree, heights, self.log_population_sizes, self.grid, self.tip_heights)
 
 
 class BirthDeath(NodeHeightPrior):

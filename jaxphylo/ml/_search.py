@@ -39,6 +39,7 @@ from .._schedule import phase_widths
 from .._simulate import random_topology_tree
 from .._tree import Tree, TreeBatch
 from ..likelihood import pattern_data
+from ..likelihood._finite import require_finite
 from ..likelihood._api import PRECISIONS, _batch_pattern_log_likelihoods, max_step_width
 from ..models import Model
 from ._fit import MLResult, resolve_model
@@ -383,7 +384,9 @@ def search(
         # The model is fitted on the first start tree, then every start climbs under it.
         # Lengths first, then the model with them (see `fit`), then the lengths of every start under it.
         parents = batch.parents
-        lengths, _ = optimise_lengths(parents, batch.branch_lengths, fixed_branches(parents), problem_of(size), 1e-3)
+        lengths, log_l = optimise_lengths(parents, batch.branch_lengths, fixed_branches(parents), problem_of(size),
+                                          1e-3)
+        _require_finite_start(log_l, problem_of(size), batch)
         model_now, first_l, _, _, _ = refit(parents[0], lengths[0], 1e-3)
         lengths, log_l = optimise_lengths(parents, lengths.at[0].set(first_l), fixed_branches(parents),
                                           problem_of(size))
@@ -426,6 +429,19 @@ def search(
     return MLResult(tree=tree, model=model_now, log_likelihood=best_ll, iterations=iterations,
                     seconds=time.perf_counter() - began, parameters={k: np.asarray(v).tolist() for k, v in values.items()},
                     search_rounds=len(trace), trace=trace)
+
+
+def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch) -> None:
+    """A start tree whose log-likelihood is not finite stops the search with the cause named."""
+    values = np.asarray(log_likelihoods)
+    if np.all(np.isfinite(values)):
+        return
+    k = int(np.argmax(~np.isfinite(values)))
+    per_pattern = _batch_pattern_log_likelihoods(problem.model, batch.parents, batch.branch_lengths, problem.data,
+                                                 problem.widths, problem.dtype)[k]
+    tree = TreeBatch(batch.parents[k:k + 1], batch.branch_lengths[k:k + 1], batch.taxa).to_trees(rooted=False)[0]
+    require_finite(values[k], model=problem.model, tree=tree, per_pattern=per_pattern,
+                   where=f"log-likelihood of start tree {k + 1}")
 
 
 def _search_record(alignment, model, start, starts, seed, settings, precision) -> dict:

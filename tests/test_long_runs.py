@@ -1,0 +1,95 @@
+"""Shared long-run mechanics: durations, stop requests, checkpoint files, out-of-memory and non-finite errors."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jaxphylo as jp
+from jaxphylo import cli
+from jaxphylo._checkpoint import StopRequests, load_checkpoint, parse_duration, save_checkpoint, write_npz
+
+
+def test_durations_in_every_spelling():
+    assert parse_duration("23h") == 82800 and parse_duration("1h30m") == 5400 and parse_duration("90") == 90
+    assert parse_duration("36:00:00") == 129600 and parse_duration("2d") == 172800 and parse_duration("1:30") == 90
+    with pytest.raises(jp.InputError, match="--max-time 'soon'"):
+        parse_duration("soon")
+
+
+def test_signals_and_budgets_raise_the_flag():
+    with StopRequests() as stop:
+        assert stop.reason is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.reason == "received SIGUSR1"
+    with StopRequests(0.0) as stop:
+        assert "--max-time" in stop.reason
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+
+
+def test_checkpoints_are_atomic_checksummed_and_tied_to_settings(tmp_path):
+    path = tmp_path / "c.pkl"
+    save_checkpoint(path, {"x": np.arange(5)}, {"seed": 1})
+    assert not (tmp_path / "c.pkl.tmp").exists()
+    np.testing.assert_array_equal(load_checkpoint(path, {"seed": 1})["x"], np.arange(5))
+    with pytest.raises(jp.InputError, match="other settings"):
+        load_checkpoint(path, {"seed": 2})
+    content = path.read_bytes()
+    for cut in (3, len(content) // 2, len(content) - 1):
+        path.write_bytes(content[:cut])
+        with pytest.raises(jp.InputError, match="truncated|not a jaxphylo checkpoint"):
+            load_checkpoint(path, {"seed": 1})
+
+
+def test_npz_blocks_are_byte_identical_for_equal_arrays(tmp_path):
+    arrays = {"a": np.linspace(0, 1, 7), "b": np.eye(3, dtype=np.int32)}
+    for name in ("one", "two"):
+        with open(tmp_path / name, "wb") as handle:
+            write_npz(handle, arrays)
+    assert (tmp_path / "one").read_bytes() == (tmp_path / "two").read_bytes()
+    loaded = np.load(tmp_path / "one")
+    np.testing.assert_array_equal(loaded["b"], arrays["b"])
+
+
+def test_xla_out_of_memory_becomes_one_line(monkeypatch, capsys):
+    def exhausted(args):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 96.00GiB.\nmore detail")
+
+    monkeypatch.setattr(cli, "_loglik", exhausted)
+    assert cli.main(["loglik", "--example"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "out of memory" in error and "--dry-run" in error
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "jaxphylo.cli", *args], capture_output=True, text=True,
+                          timeout=900)
+
+
+def test_non_finite_likelihood_names_its_cause(tmp_path):
+    from jaxphylo.likelihood import pattern_data
+    from jaxphylo.likelihood._finite import check_start
+
+    result = run_cli("loglik", "--example", "-m", "HKY{4}+F{0.5,0.5,0,0}")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "site pattern 1 has log-likelihood nan" in result.stderr
+    alignment = jp.read_alignment("jaxphylo/examples/example.fasta")
+    tree = jp.read_tree("jaxphylo/examples/example.nwk")
+    data, model = pattern_data(alignment, tree), jp.parse_model("HKY{4}+G4{0.5}", alignment)
+    assert np.isfinite(check_start(data, tree, model))
+    import equinox as eqx
+    import jax.numpy as jnp
+
+    bad = eqx.tree_at(lambda m: m.substitution.kappa, model, jnp.asarray(-1.0))
+    with pytest.raises(jp.ModelError, match="substitution.kappa = -1 is negative"):
+        check_start(data, tree, bad)
+    lengths = jnp.asarray(tree.branch_lengths).at[2].set(jnp.inf)
+    with pytest.raises(jp.ModelError, match="branch length above taxon .* = inf"):
+        check_start(data, tree.with_branch_lengths(lengths), model)
+    sampled = run_cli("sample", "--example", "-m", "HKY+F{0.5,0.5,0,0}+G4", "--chains", "1", "--warmup", "5",
+                      "--samples", "5", "--out", str(tmp_path / "run"), "--no-progress")
+    assert sampled.returncode == 2 and "Traceback" not in sampled.stderr, sampled.stderr
+    assert "starting log-likelihood is nan: site pattern" in sampled.stderr.splitlines()[-1]
