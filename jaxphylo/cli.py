@@ -7,6 +7,7 @@ import hashlib
 import sys
 from contextlib import nullcontext
 
+from ._cli_models import add_models_command
 from ._checkpoint import EXIT_INTERRUPTED, NEVER, Interrupted, StopRequests, parse_duration
 from ._errors import JaxphyloError
 
@@ -109,22 +110,23 @@ def _ml(args) -> None:
     import time
     from pathlib import Path
 
-    from jaxphylo._resources import peak_memory_text
-
     import jaxphylo as jp
     from jaxphylo import ml
+    from jaxphylo._resources import peak_memory_text
 
     prefix = args.out or args.alignment
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type, genetic_code=args.genetic_code)
     start = jp.read_tree(args.tree) if args.tree else None
-    ml.check_inputs(alignment, args.model, start)  # bad input fails here, before any output
+    selecting = args.model.upper() in ("MF", "MFP")
+    # Bad input fails here, before any output (with MF/MFP only the start tree can be checked yet).
+    ml.check_inputs(alignment, None if selecting else args.model, start)
     settings = ml.SearchSettings(patience=args.patience, batch=args.batch, radius=args.radius)
-    if args.redo:
-        for stale in (f"{prefix}.ckpt", f"{prefix}.boot.ckpt"):
-            Path(stale).unlink(missing_ok=True)
     if args.dry_run:
         _ml_dry_run(alignment, start, args, settings)
         return
+    if args.redo:
+        for stale in (f"{prefix}.ckpt", f"{prefix}.boot.ckpt"):
+            Path(stale).unlink(missing_ok=True)
     ml._search.check_checkpoint(f"{prefix}.ckpt", args.resume)  # before the log of a saved run is overwritten
     log_file = open(f"{prefix}.log", "a" if args.resume else "w")
 
@@ -135,6 +137,16 @@ def _ml(args) -> None:
 
     log(f"# jaxphylo ml {args.alignment}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, "
         f"{alignment.site_patterns().num_patterns} patterns; model {args.model}")
+    if selecting:  # IQ-TREE's -m MF (select only) and -m MFP (select, then search with the winner)
+        chosen = ml.select_model(alignment, start, criterion="BIC",
+                                 progress=lambda r: log(f"# {r.model}\tlog L {r.log_likelihood:.3f}\tBIC {r.BIC:.3f}"))
+        chosen.to_tsv(f"{prefix}.models.tsv")
+        log(f"# best-fit model (BIC): {chosen.best}; table in {prefix}.models.tsv")
+        if args.model.upper() == "MF":
+            log_file.close()
+            print(chosen.best)
+            return
+        args.model = chosen.best_model
     began = time.perf_counter()
     result = ml.search(alignment, args.model, start, starts=args.starts, seed=args.seed, settings=settings,
                        precision=args.precision, checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop,
@@ -176,7 +188,8 @@ def _ml_dry_run(alignment, start, args, settings) -> None:
     from jaxphylo.likelihood import pattern_data
 
     tree = start or jp.random_topology_tree(alignment.taxa, seed=args.seed)
-    model, _ = jp.ml._fit.resolve_model(args.model, alignment)
+    largest = "GTR+F+R10" if alignment.alphabet.num_states == 4 else "LG+F+R10"  # MF/MFP: the largest candidate
+    model, _ = jp.ml._fit.resolve_model(largest if args.model.upper() in ("MF", "MFP") else args.model, alignment)
     batch = max(2 * max(args.batch, args.starts), settings.spr_chunk if args.radius else 0)
     plan(pattern_data(alignment, tree), tree, model, args.precision, batch, True, alignment.num_sites,
          log=lambda text: print(text, file=sys.stderr))
@@ -303,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ml = commands.add_parser("ml", help="maximum-likelihood tree: model fit, NNI/SPR search, branch support")
     ml.add_argument("alignment", help="FASTA, PHYLIP or NEXUS alignment")
-    ml.add_argument("--model", "-m", required=True, help="model string in IQ-TREE syntax, e.g. GTR+G4")
+    ml.add_argument("--model", "-m", required=True,
+                    help="model string in IQ-TREE syntax, e.g. GTR+G4; MFP: select by BIC, then search; MF: select only")
     ml.add_argument("--tree", "-t", help="start tree (Newick/NEXUS; default: BIONJ)")
     ml.add_argument("--starts", type=int, default=1, help="start trees (extra ones: BIONJ of resampled columns)")
     ml.add_argument("--bootstrap", "-b", type=int, default=0, help="non-parametric bootstrap replicates")
@@ -351,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     coevolution.add_argument("--data-type", choices=("dna", "protein"), default=None)
     coevolution.add_argument("--out", "-o", required=True, help="output prefix: PREFIX.tsv and PREFIX.png")
     coevolution.set_defaults(run=_coevolution)
+    add_models_command(commands)
     return parser
 
 

@@ -2,11 +2,13 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import arviz as az
 import dendropy
@@ -104,14 +106,30 @@ def test_sample_command_writes_every_output(whole_run, tmp_path):
     assert "Traceback" not in again.stderr
 
 
-def test_sigterm_at_a_random_moment_saves_and_resumes_to_the_same_bytes(whole_run, tmp_path):
-    """SIGTERM anywhere (start-up, warmup, sampling): exit 75 within 30 s, then --resume ends byte-identical."""
+def readme_slurm_script(tmp_path) -> Path:
+    """The README's Slurm script, running the example through this Python, with a stand-in `scontrol`."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    script = re.search(r"```bash\n(#!/bin/bash\n#SBATCH.*?)```", readme, re.S).group(1)
+    command = "jaxphylo sample aln.fasta tree.nwk -m GTR+G4 --out run"
+    assert command in script
+    script = script.replace(command, f"{sys.executable} -m jaxphylo.cli " + " ".join(SAMPLE_ARGS) + " --out run")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "scontrol").write_text('#!/bin/sh\necho "$@" >> requeued\n')
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    (tmp_path / "job.sh").write_text(script)
+    return tmp_path / "job.sh"
+
+
+def test_sigterm_at_a_random_moment_saves_requeues_and_resumes_to_the_same_bytes(whole_run, tmp_path):
+    """The README's Slurm script sent SIGTERM anywhere (start-up, warmup, sampling): the run exits 75 within
+    30 s and requeues; the requeued job resumes and ends with the bytes of an uninterrupted run."""
     reference, _ = whole_run
-    out = tmp_path / "run"
-    rng = np.random.default_rng()
-    delay = float(rng.uniform(2.0, 25.0))
-    process = subprocess.Popen([sys.executable, "-m", "jaxphylo.cli", *SAMPLE_ARGS, "--out", str(out)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    job = readme_slurm_script(tmp_path)
+    env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", SLURM_JOB_ID="42",
+               PYTHONPATH=str(Path(__file__).parents[1]))
+    delay = float(np.random.default_rng().uniform(2.0, 25.0))
+    process = subprocess.Popen(["bash", str(job)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
     sent = time.time()
     process.send_signal(signal.SIGTERM)
@@ -122,10 +140,13 @@ def test_sigterm_at_a_random_moment_saves_and_resumes_to_the_same_bytes(whole_ru
     assert process.returncode == 75, stderr
     assert waited < 30, f"stopped {waited:.1f} s after SIGTERM (sent at {delay:.1f} s)"
     assert "--resume" in stderr and "Traceback" not in stderr
-    result = cli(*SAMPLE_ARGS, "--out", str(out), "--resume", timeout=900)
-    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "requeued").read_text().strip() == "requeue 42"
+    again = subprocess.run(["bash", str(job)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stderr
+    assert "resuming" in again.stderr
     for name in RUN_FILES:
-        assert (out / name).read_bytes() == (reference / name).read_bytes(), f"{name} (SIGTERM at {delay:.1f} s)"
+        assert (tmp_path / "run" / name).read_bytes() == (reference / name).read_bytes(), \
+            f"{name} (SIGTERM at {delay:.1f} s)"
 
 
 def test_damaged_checkpoint_is_refused_in_one_line(whole_run, tmp_path):

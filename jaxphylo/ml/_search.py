@@ -299,8 +299,9 @@ def start_trees(alignment: Alignment, start, starts: int, seed: int) -> list[Tre
 
 
 def check_inputs(alignment: Alignment, model, start=None) -> None:
-    """Fail early, in one line, on a model that does not parse or a start tree with other taxa."""
-    resolve_model(model, alignment)
+    """Fail early, in one line, on a model that does not parse or a start tree with other taxa (None: no model)."""
+    if model is not None:
+        resolve_model(model, alignment)
     if isinstance(start, Tree):
         _check_start(alignment, start)
 

@@ -1,0 +1,112 @@
+"""Model selection (`jaxphylo.ml.select_model`): criteria, candidate sets, a simulated choice, IQ-TREE 2's choice."""
+
+import math
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+import jaxphylo as jp
+from jaxphylo._errors import InputError, ModelError
+from jaxphylo.ml import select_model
+from jaxphylo.ml._model_selection import akaike_weights, default_candidates, information_criteria, parse_candidate
+
+from conftest import dataset, require
+
+
+def test_criteria_by_hand():
+    # log L = -1000, k = 10, n = 100: AIC = 20 + 2000; AICc adds 2*10*11/89; BIC = 10 ln 100 + 2000
+    ic = information_criteria(-1000.0, 10, 100)
+    assert ic["AIC"] == pytest.approx(2020.0)
+    assert ic["AICc"] == pytest.approx(2020.0 + 220.0 / 89.0)
+    assert ic["BIC"] == pytest.approx(10 * math.log(100) + 2000.0)
+    assert information_criteria(-5.0, 9, 10)["AICc"] == math.inf
+    # Akaike weights: exp(-D/2) normalised; D = 0, 2, 4
+    w = akaike_weights([100.0, 102.0, 104.0])
+    expected = np.exp([0.0, -1.0, -2.0]) / np.exp([0.0, -1.0, -2.0]).sum()
+    np.testing.assert_allclose(w, expected)
+
+
+def test_df_as_iqtree_counts_it():
+    # IQ-TREE 2 on primates_mtDNA (12 taxa: 21 branches): GTR+F 29, SYM+G4 27, TPM2+F+G4 27, GTR+F+R3 33, JC 21
+    aln = jp.Alignment(tuple(f"t{i}" for i in range(12)), ("ACGT",) * 12, jp.DNA)
+    df = {s: parse_candidate(s, aln).df(12) for s in ("GTR+F", "SYM+G4", "TPM2+F+G4", "GTR+F+R3", "JC", "HKY+I+G4")}
+    assert df == {"GTR+F": 29, "SYM+G4": 27, "TPM2+F+G4": 27, "GTR+F+R3": 33, "JC": 21, "HKY+I+G4": 27}
+    protein = jp.Alignment(tuple(f"t{i}" for i in range(12)), ("ARND",) * 12, jp.PROTEIN)
+    assert parse_candidate("LG+F+G4", protein).df(12) == 21 + 19 + 1  # IQ-TREE: LG+F+G4 41
+    assert parse_candidate("WAG+R2", protein).df(12) == 23
+
+
+def test_candidate_sets_and_narrowing():
+    aln = jp.Alignment(("a", "b", "c"), ("ACGT",) * 3, jp.DNA)
+    full = default_candidates(aln)
+    assert len(full) == 22 * 13  # IQ-TREE: "ModelFinder will test up to 286 DNA models"
+    assert [c.name for c in full[:6]] == ["GTR+F", "GTR+F+I", "GTR+F+G4", "GTR+F+I+G4", "GTR+F+R2", "GTR+F+R3"]
+    assert "TPM2+F+G4" in {c.name for c in full} and "K2P+I" in {c.name for c in full}
+    narrow = default_candidates(aln, mset="TN,hky,GTR", mrate="E,G")
+    assert [c.name for c in narrow] == ["TN+F", "TN+F+G4", "HKY+F", "HKY+F+G4", "GTR+F", "GTR+F+G4"]
+    assert [c.rate for c in default_candidates(aln, mset="K2P", mrate="I+G,R")] == \
+        ["+I+G4"] + [f"+R{k}" for k in range(2, 11)]
+    protein = jp.Alignment(("a", "b", "c"), ("ARND",) * 3, jp.PROTEIN)
+    assert [c.name for c in default_candidates(protein, mset="LG,WAG", mrate="G")] == \
+        ["LG+G4", "LG+F+G4", "WAG+G4", "WAG+F+G4"]
+    with pytest.raises(ModelError, match="unknown DNA model"):
+        default_candidates(aln, mset="HKY,XYZ")
+    with pytest.raises(ModelError, match="unknown rate type"):
+        default_candidates(aln, mrate="G,Q")
+    with pytest.raises(ModelError, match="criterion"):
+        select_model(aln, criterion="DIC")
+    with pytest.raises(InputError, match="at least 3 taxa"):
+        select_model(jp.Alignment(("a", "b"), ("ACGT",) * 2, jp.DNA))
+
+
+@pytest.fixture(scope="module")
+def simulated_selection():
+    """12 taxa x 2000 sites simulated under TN93+G4 (kappas 6 and 2, shape 0.5), four candidate families x {E, G}."""
+    taxa = tuple(f"t{i}" for i in range(12))
+    tree = jp.bionj(np.abs(np.subtract.outer(np.arange(12.0), np.arange(12.0))) * 0.03 + 0.05 * (1 - np.eye(12)),
+                    taxa)
+    model = jp.parse_model("TN93{6,2}+F{0.35,0.15,0.2,0.3}+G4{0.5}")
+    alignment = jp.simulate(tree, model, 2000, seed=3)
+    return select_model(alignment, mset="JC,HKY,TN,GTR", mrate="E,G")
+
+
+def test_bic_picks_the_simulating_family(simulated_selection, tmp_path):
+    result = simulated_selection
+    assert result.best == "TN+F+G4"
+    assert result.best_model == "TN93+F+G4"
+    assert result.model_string.startswith("TN93{")  # fitted values in braces, parseable again
+    jp.parse_model(result.model_string)
+    rows = {f.model: f for f in result.fits}
+    assert rows["GTR+F+G4"].log_likelihood >= rows["TN+F+G4"].log_likelihood - 0.05  # nested: never worse
+    assert sum(f.weight for f in result.fits) == pytest.approx(1.0)
+    path = tmp_path / "sim.models.tsv"
+    result.to_tsv(path)
+    lines = path.read_text().splitlines()
+    assert lines[0].split("\t") == ["model", "log_likelihood", "df", "AIC", "AICc", "BIC", "weight_BIC"]
+    assert len(lines) == 1 + 8 and lines[1].startswith("TN+F+G4\t")
+
+
+def _iqtree_table(log_text):
+    """{model: log L} from the ModelFinder table of an IQ-TREE 2 .log."""
+    rows = re.findall(r"^\s*\d+\s+(\S+)\s+([\d.]+)\s+\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s*$", log_text, re.M)
+    return {name: -float(value) for name, value in rows}
+
+
+def test_narrowed_set_against_iqtree(tmp_path):
+    folder = dataset("primates_mtDNA")
+    require("iqtree2")
+    alignment = jp.read_alignment(folder / "alignment.fasta")
+    result = select_model(alignment, mset="HKY,TN,GTR", mrate="E,G")
+    jp.write_tree(result.tree, tmp_path / "bionj.nwk")
+    subprocess.run(["iqtree2", "-s", str(folder / "alignment.fasta"), "-te", str(tmp_path / "bionj.nwk"), "-m", "MF",
+                    "-mset", "HKY,TN,GTR", "-mrate", "E,G", "-nt", "1", "-seed", "1", "-redo", "-quiet",
+                    "-pre", str(tmp_path / "iq")], check=True, capture_output=True, timeout=300)
+    text = (tmp_path / "iq.log").read_text()
+    theirs = _iqtree_table(text)
+    assert set(theirs) == {f.model for f in result.fits}
+    for fit in result.fits:
+        assert fit.log_likelihood == pytest.approx(theirs[fit.model], abs=0.05), fit.model
+    chosen = re.search(r"Best-fit model: (\S+) chosen according to BIC", text).group(1)
+    assert result.best == chosen
