@@ -23,6 +23,7 @@ from .likelihood import (  # noqa: E402
 )
 from .models import Model, parse_model  # noqa: E402
 from . import coevolution, inference  # noqa: E402
+from .ml._parameters import ModelCoordinates, unconstrain  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -31,6 +32,6 @@ __all__ = [
     "JaxphyloError", "InputError", "ModelError", "Schedule", "build_schedule",
     "Topology", "Tree", "TreeBatch", "read_alignment", "read_tree", "parse_newick", "write_tree",
     "log_likelihood", "pattern_log_likelihoods", "ancestral_marginals",
-    "branch_length_derivatives", "Model", "parse_model",
+    "branch_length_derivatives", "Model", "parse_model", "unconstrain", "ModelCoordinates",
     "simulate", "random_topology_tree", "distances", "neighbor_joining", "bionj", "coevolution", "inference", "example_paths",
 ]

@@ -12,6 +12,13 @@ from ._alphabet import Alphabet
 from ._errors import InputError
 
 
+def _data_type(alphabet: Alphabet) -> str:
+    """The data type as a summary prints it: 'DNA', 'protein' or 'codon (genetic code k)'."""
+    if alphabet.genetic_code is not None:
+        return f"{alphabet.name} (genetic code {alphabet.genetic_code})"
+    return {"dna": "DNA"}.get(alphabet.name, alphabet.name)
+
+
 @dataclass(frozen=True)
 class SitePatterns:
     """Distinct alignment columns and how often each occurs.
@@ -31,6 +38,11 @@ class SitePatterns:
     @property
     def num_patterns(self) -> int:
         return self.codes.shape[1]
+
+    def __repr__(self) -> str:
+        """A one-line summary, e.g. `SitePatterns(27 taxa, 934 patterns of 1949 sites, DNA)`."""
+        return (f"SitePatterns({len(self.taxa)} taxa, {self.num_patterns} patterns of {len(self.site_pattern)} sites, "
+                f"{_data_type(self.alphabet)})")
 
     def tip_partials(self) -> Float[np.ndarray, "taxa patterns states"]:
         return self.tip_table[self.codes]
@@ -72,6 +84,28 @@ class Alignment:
     def num_sites(self) -> int:
         """Number of columns in model units (codons for a codon alignment)."""
         return len(self.sequences[0]) // self.alphabet.symbol_width
+
+    def __repr__(self) -> str:
+        """A one-line summary (the sequences are in `sequences`), e.g.
+        `Alignment(27 taxa, 1949 sites, 934 patterns, DNA, source='DS1/alignment.fasta')`."""
+        patterns = self.site_patterns().num_patterns
+        return (f"Alignment({len(self.taxa)} taxa, {self.num_sites} sites, {patterns} patterns, "
+                f"{_data_type(self.alphabet)}, source={self.source!r})")
+
+    @property
+    def shape(self) -> tuple[()]:
+        """`()`: NumPyro's view of an alignment observed by `PhyloCTMC`, one event with no array shape.
+
+        NumPyro's model checks read `jnp.shape(value)` and `jnp.ndim(value)` of
+        every site; these attributes answer them without a deprecation warning.
+        Sizes are `len(taxa)` and `num_sites`.
+        """
+        return ()
+
+    @property
+    def ndim(self) -> int:
+        """`0`, as `shape`."""
+        return 0
 
     @cached_property
     def _encoded(self) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:

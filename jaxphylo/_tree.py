@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
@@ -41,6 +42,10 @@ class Topology:
     @property
     def num_nodes(self) -> int:
         return len(self.parent)
+
+    def __repr__(self) -> str:
+        """A one-line summary, e.g. `Topology(27 taxa, unrooted)`; the parent indices are in `parent`."""
+        return f"Topology({_taxa_count(self.taxa)}, {'rooted' if self.rooted else 'unrooted'})"
 
     @property
     def root(self) -> int:
@@ -83,6 +88,15 @@ class Tree(eqx.Module):
     @property
     def tree_length(self):
         return jnp.sum(self.branch_lengths)
+
+    def __repr__(self) -> str:
+        """A one-line summary, e.g. `Tree(27 taxa, unrooted, length 1.234)` (length = sum of branch lengths).
+
+        Safe inside `jit`/`vmap`: a traced or batched `branch_lengths` is shown by its
+        shape instead of a value, and nothing is computed on the device then.
+        """
+        rooting = "rooted" if self.topology.rooted else "unrooted"
+        return f"Tree({_taxa_count(self.topology.taxa)}, {rooting}, {_length_summary(self.branch_lengths)})"
 
 
 class TreeBatch(eqx.Module):
@@ -134,10 +148,31 @@ class TreeBatch(eqx.Module):
     def __len__(self) -> int:
         return self.parents.shape[0]
 
+    def __repr__(self) -> str:
+        """A one-line summary, e.g. `TreeBatch(8 trees, 27 taxa)` (also inside `jit`/`vmap`)."""
+        shape = getattr(self.parents, "shape", None)
+        count = f"{shape[0]} trees" if shape is not None and len(shape) == 2 else f"parents of shape {shape}"
+        return f"TreeBatch({count}, {_taxa_count(self.taxa)})"
+
     def to_trees(self, rooted: bool = False) -> "list[Tree]":
         """Back to `Tree`s (on the host); unrooted (the default) with a trifurcating root again."""
         parents, lengths = np.asarray(self.parents), np.asarray(self.branch_lengths)
         return [_tree_from_kernel(p, l, self.taxa, rooted) for p, l in zip(parents, lengths)]
+
+
+def _taxa_count(taxa: tuple[str, ...]) -> str:
+    return f"{len(taxa)} tax{'on' if len(taxa) == 1 else 'a'}"
+
+
+def _length_summary(lengths) -> str:
+    """`length L` for concrete lengths `[nodes]` (L = their sum), else what they are: traced, batched, abstract."""
+    if isinstance(lengths, jax.core.Tracer):
+        return f"traced lengths of shape {tuple(lengths.shape)}"
+    if not isinstance(lengths, (np.ndarray, jax.Array)):
+        return f"lengths {getattr(lengths, 'shape', type(lengths).__name__)}"
+    if lengths.ndim != 1:
+        return f"lengths of shape {tuple(lengths.shape)}"
+    return f"length {float(np.sum(np.asarray(lengths))):.6g}"
 
 
 def _tree_from_kernel(parent: np.ndarray, lengths: np.ndarray, taxa, rooted: bool) -> Tree:

@@ -93,3 +93,22 @@ def test_non_finite_likelihood_names_its_cause(tmp_path):
                       "--samples", "5", "--out", str(tmp_path / "run"), "--no-progress")
     assert sampled.returncode == 2 and "Traceback" not in sampled.stderr, sampled.stderr
     assert "starting log-likelihood is nan: site pattern" in sampled.stderr.splitlines()[-1]
+
+
+def test_non_finite_proposals_are_rejected_as_divergent_and_never_saved(tmp_path):
+    """A log density that is -inf beyond x = 1 (as an underflowing likelihood would be): NUTS rejects those
+    proposals as divergent transitions; every saved draw is inside, with a finite log density."""
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    from jaxphylo.inference._runner import run_nuts
+
+    def model(data):
+        x = numpyro.sample("x", dist.Normal(0.0, 1.0))
+        numpyro.factor("wall", jnp.where(x < 1.0, 0.0, -jnp.inf) + 0 * data)
+
+    draws = run_nuts(model, jnp.zeros(()), {"x": jnp.asarray(0.0)}, tmp_path / "run", settings={}, chains=1,
+                     warmup=100, samples=400, block=400, seed=0, progress=False, log=lambda _: None)
+    assert np.all(draws.samples["x"] < 1.0) and np.all(np.isfinite(draws.stats["posterior"]))
+    assert draws.stats["diverging"].sum() > 0

@@ -199,7 +199,8 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
                 pending = None
                 _save(out, checked, state, position, pending)
                 last_save = time.monotonic()
-                log(f"# block {index + 1}/{total} saved: {block} draws x {chains} chains, {divergent} divergent")
+                log(f"# block {index + 1}/{total} saved: {block} draws x {chains} chains, {divergent} divergent; "
+                    f"peak memory so far: {peak_memory_text()}")
             elif time.monotonic() - last_save > SAVE_EVERY:
                 _save(out, checked, state, position, pending)
                 last_save = time.monotonic()

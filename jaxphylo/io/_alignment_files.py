@@ -20,11 +20,7 @@ def read_alignment(path, data_type: str | None = None, genetic_code: int = 1) ->
     for codons.
     """
     path = os.fspath(path)
-    try:
-        with open(path) as handle:
-            text = handle.read()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read alignment: {err.strerror}") from None
+    text = read_text(path, "alignment")
     stripped = text.lstrip()
     if stripped.startswith(">"):
         taxa, sequences = _read_fasta(path)
@@ -38,6 +34,21 @@ def read_alignment(path, data_type: str | None = None, genetic_code: int = 1) ->
     if data_type is None:
         data_type = _guess_data_type(sequences)
     return Alignment(tuple(taxa), sequences, alphabet_for(data_type, genetic_code), path)
+
+
+def read_text(path: str, what: str) -> str:
+    """The whole of a text file, or an `InputError` naming it: unreadable, or binary (undecodable or NUL bytes)."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read {what}: {err.strerror}") from None
+    if (nul := raw.find(b"\0")) >= 0:
+        raise InputError(f"{path}: cannot read {what}: not a text file (byte {nul + 1} is NUL)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{path}: cannot read {what}: not a text file (byte {err.start + 1} is not UTF-8)") from None
 
 
 def _guess_data_type(sequences) -> str:

@@ -11,6 +11,7 @@ import numpy as np
 
 from .._errors import InputError
 from .._tree import Topology, Tree
+from ._alignment_files import read_text
 
 
 def read_tree(path, default_branch_length: float | None = None, index: int = 0) -> Tree:
@@ -22,12 +23,7 @@ def read_tree(path, default_branch_length: float | None = None, index: int = 0) 
     unless `default_branch_length` is given.
     """
     path = os.fspath(path)
-    try:
-        with open(path) as handle:
-            text = handle.read()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read tree: {err.strerror}") from None
-    return _parse(text, path, default_branch_length, index)
+    return _parse(read_text(path, "tree"), path, default_branch_length, index)
 
 
 def parse_newick(text: str, default_branch_length: float | None = None) -> Tree:

@@ -28,6 +28,11 @@ class PatternData(eqx.Module):
     tip_table: Float[Array, "codes states"]
     weights: Float[Array, " patterns"]
 
+    # One PhyloCTMC observation to NumPyro, whose model checks read `jnp.shape`/`jnp.ndim` of every
+    # site's value (JAX warns on objects without them).
+    shape = property(lambda self: ())
+    ndim = property(lambda self: 0)
+
 
 def pattern_data(alignment: Alignment, tree: Tree, compress: bool = True) -> PatternData:
     """Match the alignment's taxa to the tree's tips and lay out the site patterns.

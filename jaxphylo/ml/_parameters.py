@@ -1,17 +1,24 @@
-"""Unconstrained coordinates for maximum likelihood: what the optimiser moves.
+"""Unconstrained coordinates of a model: what an optimiser moves, for `ml.fit` and for users (`jp.unconstrain`).
 
 The free model parameters are the NumPyro sample sites of
 `inference.sample_model` (the same sites the samplers use), mapped to the real
-line by the bijection of each site's support (`biject_to`): log for positive
-values (kappa, omega, Gamma shape), logit for a proportion (+I), stick-breaking
-for a simplex (frequencies, GTR rates, free-rate weights and rates). No prior or
-Jacobian enters the objective: only the mapping.
+line by the bijection of each site's support (`biject_to`): `x = exp(u)` for
+positive values (kappa, omega, Gamma shape), `p = sigmoid(u)` for a proportion
+(+I), stick-breaking for a simplex of `K` entries from `K - 1` reals
+(frequencies; GTR, class and free rates; free-rate weights):
+`z_i = sigmoid(u_i - log(K - 1 - i))`, `x_i = z_i (1 - sum_{j<i} x_j)`,
+`x_K = 1 - sum_{j<K} x_j`. No prior or Jacobian enters the objective: only the
+mapping. Exchangeabilities and free rates are scale-free (the rate matrix and
+the rate categories are normalised), so a simplex site carries their ratios and
+the rebuilt vector keeps the template's sum: `r = (sum r_template) x`.
 
 Branch lengths live in `[MIN_LENGTH, MAX_LENGTH]` (IQ-TREE's bounds) through
 `b = lo + (hi - lo) sigmoid(u)`, which is `log`-like for short branches.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import equinox as eqx
 import jax
@@ -20,11 +27,13 @@ from jaxtyping import Array, Float
 from numpyro import handlers
 from numpyro.distributions import biject_to, constraints
 
+from .._errors import ModelError
 from ..inference._model_priors import initial_values, sample_model
-from ..models import Model
+from ..models import GTR, K80, JC69, NAMED_DNA_MODELS, ConstrainedGTR, FreeRates, InvariantSites, Model
 
 MIN_LENGTH, MAX_LENGTH = 1e-6, 10.0
 SECOND_SHAPE_START = 0.5
+PARAMETER_GROUPS = frozenset({"frequencies", "exchangeabilities", "proportion_invariant", "gamma_shape", "free_rates"})
 
 
 def lengths_from_unconstrained(u: Float[Array, "*B M"]) -> Float[Array, "*B M"]:
@@ -40,14 +49,18 @@ class ModelCoordinates(eqx.Module):
     """The free parameters of `template` (those named in `estimated`): a dict of unconstrained arrays, and back.
 
     A pytree (the template's values are data, so one compiled fit serves every
-    start and data set of the same shapes).
+    start and data set of the same shapes). Calling it is `model`.
     """
 
     template: Model
     estimated: frozenset[str] = eqx.field(static=True)
 
     def start(self) -> dict:
-        """The template's own values of the free parameters, unconstrained."""
+        """The template's own values of the free parameters, unconstrained.
+
+        Frequencies and omega below 1e-3 start at 1e-3 (`initial_values`): the
+        boundary itself has no finite coordinate.
+        """
         values = initial_values(self.template, self.estimated)
         trace = handlers.trace(handlers.substitute(sample_model, data=values)).get_trace(self.template, self.estimated)
         return {name: biject_to(site["fn"].support).inv(values[name])
@@ -67,11 +80,79 @@ class ModelCoordinates(eqx.Module):
         return [own, other]
 
     def model(self, unconstrained: dict) -> Model:
+        """The template with every free parameter replaced by the image of its coordinates (scale kept, see module)."""
         def value(site):
             return biject_to(site["fn"].support)(unconstrained[site["name"]]) if site["type"] == "sample" else None
-        return handlers.substitute(sample_model, substitute_fn=value)(self.template, self.estimated)
+        rebuilt = handlers.substitute(sample_model, substitute_fn=value)(self.template, self.estimated)
+        return _template_scale(rebuilt, self.template, self.estimated)
+
+    def __call__(self, unconstrained: dict) -> Model:
+        return self.model(unconstrained)
 
     def named_values(self, unconstrained: dict) -> dict:
         """The constrained value of every free parameter, by site name."""
         trace = handlers.trace(self.model).get_trace(unconstrained)
         return {name: site["value"] for name, site in trace.items() if site["type"] == "sample"}
+
+
+def _template_scale(model: Model, template: Model, estimated: frozenset[str]) -> Model:
+    """`model` with its scale-free vectors multiplied back to the template's sums.
+
+    `sample_model` writes GTR rates as `6 x`, class rates as `k x` and free-rate
+    weights and rates as `x` (simplexes `x`); `r = (sum r_template / sum r) r`
+    changes no likelihood (the rate matrix and the categories are normalised)
+    and makes the round trip `model(start())` return the template itself.
+    """
+    sub, rates = model.substitution, model.rate_variation
+    if "exchangeabilities" in estimated and isinstance(sub, GTR):
+        own, given = sub.rates, template.substitution.rates
+        sub = eqx.tree_at(lambda s: s.rates, sub, own * (jnp.sum(given) / jnp.sum(own)))
+    elif "exchangeabilities" in estimated and isinstance(sub, ConstrainedGTR):
+        own, given = sub.class_rates, template.substitution.class_rates
+        sub = eqx.tree_at(lambda s: s.class_rates, sub, own * (jnp.sum(given) / jnp.sum(own)))
+    base, old = (rates.base, template.rate_variation.base) if isinstance(rates, InvariantSites) else (
+        rates, template.rate_variation)
+    if "free_rates" in estimated and isinstance(base, FreeRates):
+        scaled = FreeRates(base.weights * (jnp.sum(old.weights) / jnp.sum(base.weights)),
+                           base.rates * (jnp.sum(old.rates) / jnp.sum(base.rates)))
+        rates = eqx.tree_at(lambda r: r.base, rates, scaled) if isinstance(rates, InvariantSites) else scaled
+    return Model(sub, rates)
+
+
+def _default_estimate(model: Model) -> frozenset[str]:
+    """Every parameter group, less the frequencies of a model whose frequencies are equal by definition."""
+    sub = model.substitution
+    equal = isinstance(sub, (JC69, K80)) or (isinstance(sub, ConstrainedGTR) and sub.name in NAMED_DNA_MODELS
+                                              and NAMED_DNA_MODELS[sub.name][1])
+    return PARAMETER_GROUPS - {"frequencies"} if equal else PARAMETER_GROUPS
+
+
+def unconstrain(
+    model: Model, estimate: Iterable[str] | None = None
+) -> tuple[dict[str, Float[Array, "..."]], ModelCoordinates]:
+    """An unconstrained view of `model`: `(params, rebuild)` with `rebuild(params)` equal to `model`.
+
+    `params` maps each free parameter's NumPyro site name (`frequencies`,
+    `gtr_rates`, `class_rates`, `kappa`, `kappa_purine`, `kappa_pyrimidine`,
+    `omega`, `gamma_shape`, `proportion_invariant`, `free_rate_weights`,
+    `free_rates`) to real arrays: `log` of a positive value, `logit` of a
+    proportion, the stick-breaking coordinates of a simplex (`K - 1` reals
+    for `K` entries; see the module docstring). `rebuild(u)` maps any real
+    `u` back to a valid model, so an optimiser on `params` (optax, for one)
+    never leaves the domain. `rebuild` is `ModelCoordinates`, an equinox
+    Module: pass it through `jax.jit` as an argument.
+
+    `estimate` names the parameter groups to free, among `frequencies`,
+    `exchangeabilities`, `proportion_invariant`, `gamma_shape`, `free_rates`
+    (`jp.models.estimated_parameters(string)` gives IQ-TREE's choice for a
+    model string); the rest stay as in `model`. Left out: all of them, except
+    the frequencies of models with equal frequencies by definition (JC69,
+    K80, K3P, TNe, SYM, ...). Frequencies and omega below 1e-3 are raised to
+    1e-3 first (the boundary has no finite coordinate); otherwise the round
+    trip is exact to rounding. This is the mapping `jaxphylo.ml.fit` uses.
+    """
+    names = _default_estimate(model) if estimate is None else frozenset(estimate)
+    if unknown := sorted(names - PARAMETER_GROUPS):
+        raise ModelError(f"unknown parameter group {unknown[0]!r}; known: {', '.join(sorted(PARAMETER_GROUPS))}")
+    coordinates = ModelCoordinates(model, names)
+    return coordinates.start(), coordinates
