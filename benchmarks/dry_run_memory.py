@@ -17,6 +17,7 @@ a CPU the process's peak resident memory while sampling.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -24,10 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
+ENV = dict(os.environ)  # the runs get JAX's defaults: on a GPU, a pool of 75% of its memory allocated at start
+os.environ["JAX_PLATFORMS"] = "cpu"  # this process only simulates: it must not take the GPU's pool itself
 
-import jaxphylo as jp
-from _common import device_record, save
+import jaxphylo as jp  # noqa: E402
+from _common import save  # noqa: E402
 
 
 def gib(text: str, pattern: str) -> float | None:
@@ -37,14 +39,18 @@ def gib(text: str, pattern: str) -> float | None:
     return float(match.group(1)) * (1 if match.group(2) == "GiB" else 1 / 1024)
 
 
+LOGS: list[tuple[str, str]] = []
+
+
 def cli(*args: str, timeout: float = 400) -> tuple[int, str, float]:
     began = time.perf_counter()
     try:
         result = subprocess.run([sys.executable, "-m", "jaxphylo.cli", *args], capture_output=True, text=True,
-                                timeout=timeout)
+                                timeout=timeout, env=ENV)
         code, stderr = result.returncode, result.stderr
     except subprocess.TimeoutExpired as err:
         code, stderr = 124, (err.stderr or b"").decode() if isinstance(err.stderr, bytes) else (err.stderr or "")
+    LOGS.append((" ".join(args), stderr))
     return code, stderr, time.perf_counter() - began
 
 
@@ -54,15 +60,19 @@ def main() -> None:
     parser.add_argument("--sites", type=int, default=100_000)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--too-many-chains", type=int, default=8)
+    parser.add_argument("--precision", choices=("float64", "float32"), default="float64")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
-    record = device_record("dry_run_memory")
+    record = {"benchmark": "dry_run_memory", "platform": "gpu" if "GPU" in os.popen("nvidia-smi -L 2>/dev/null").read()
+              else "cpu", "device": os.popen("nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null").read().strip()
+              or "cpu", "rows": []}
     work = Path(tempfile.mkdtemp())
     tree = jp.random_topology_tree([f"t{i}" for i in range(args.taxa)], seed=1, mean_branch_length=0.02)
     alignment = jp.simulate(tree, jp.parse_model("HKY{3}+G4{0.5}"), args.sites, seed=2)
     (work / "aln.fasta").write_text("".join(f">{t}\n{s}\n" for t, s in zip(alignment.taxa, alignment.sequences)))
     jp.write_tree(tree, work / "tree.nwk")
-    base = [str(work / "aln.fasta"), str(work / "tree.nwk"), "-m", "HKY+G4", "--no-progress"]
+    base = [str(work / "aln.fasta"), str(work / "tree.nwk"), "-m", "HKY+G4", "--no-progress",
+            "--precision", args.precision]
 
     code, dry, dry_seconds = cli("sample", *base, "--chains", "1", "--dry-run", "--out", str(work / "unused"))
     print(dry)
@@ -75,7 +85,8 @@ def main() -> None:
                                      str(work / "big"))
     print(big)
     record["rows"].append({
-        "taxa": args.taxa, "sites": args.sites, "patterns": int(re.search(r"(\d+) patterns", dry).group(1)),
+        "taxa": args.taxa, "sites": args.sites, "precision": args.precision,
+        "patterns": int(m.group(1)) if (m := re.search(r"(\d+) patterns", dry + big)) else None,
         "dry_run_estimate_gib": estimate, "dry_run_seconds": dry_seconds, "dry_run_exit": code,
         "run_peak_gib": measured, "run_seconds": run_seconds, "run_exit": code_run,
         "ratio_estimate_over_run": None if not (estimate and measured) else estimate / measured,
@@ -84,12 +95,15 @@ def main() -> None:
         "too_large_run_directory_created": (work / "big").exists(),
         "dry_run_report": dry.strip().splitlines(),
     })
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / f"dry_run_memory-{record['platform']}-{args.precision}.log").write_text(
+        "\n\n".join(f"$ jaxphylo {command}\n{text}" for command, text in LOGS))
     row = record["rows"][-1]
     print(f"\n{'taxa':>6} {'patterns':>9} {'dry-run GiB':>12} {'run peak GiB':>13} {'ratio':>6}  too large: exit")
     ratio = row["ratio_estimate_over_run"]
-    print(f"{args.taxa:>6} {row['patterns']:>9} {estimate or float('nan'):>12.2f} {measured or float('nan'):>13.2f} "
+    print(f"{args.taxa:>6} {row['patterns'] or 0:>9} {estimate or float('nan'):>12.2f} {measured or float('nan'):>13.2f} "
           f"{ratio or float('nan'):>6.2f}  {code_big} in {big_seconds:.0f} s")
-    save(record, args.out, "dry_run_memory")
+    save(record, args.out, f"dry_run_memory-{args.precision}")
 
 
 if __name__ == "__main__":

@@ -17,13 +17,16 @@ from ._neighbor_joining import bionj, neighbor_joining  # noqa: E402
 from ._schedule import Schedule, build_schedule  # noqa: E402
 from ._simulate import random_topology_tree, simulate  # noqa: E402
 from ._tree import Topology, Tree, TreeBatch  # noqa: E402
-from .io import parse_newick, read_alignment, read_tree, write_tree  # noqa: E402
+from .io import PartitionScheme, parse_newick, read_alignment, read_partitions, read_tree, write_tree  # noqa: E402
 from .likelihood import (  # noqa: E402
     ancestral_marginals, branch_length_derivatives, log_likelihood, pattern_log_likelihoods,
 )
-from .models import Model, parse_model  # noqa: E402
+from .models import Model, PartitionedModel, parse_model, partitioned_log_likelihoods, partitioned_model  # noqa: E402
 from . import coevolution, inference  # noqa: E402
 from .ml._parameters import ModelCoordinates, unconstrain  # noqa: E402
+from ._sharding import (  # noqa: E402
+    device_mesh, replicate, shard_pattern_data, sharded_batch_log_likelihoods, sharded_log_likelihood,
+)
 
 __version__ = "0.1.0"
 
@@ -31,7 +34,9 @@ __all__ = [
     "Alignment", "SitePatterns", "Alphabet", "DNA", "PROTEIN", "codon_alphabet",
     "JaxphyloError", "InputError", "ModelError", "Schedule", "build_schedule",
     "Topology", "Tree", "TreeBatch", "read_alignment", "read_tree", "parse_newick", "write_tree",
+    "read_partitions", "PartitionScheme", "PartitionedModel", "partitioned_model", "partitioned_log_likelihoods",
     "log_likelihood", "pattern_log_likelihoods", "ancestral_marginals",
     "branch_length_derivatives", "Model", "parse_model", "unconstrain", "ModelCoordinates",
     "simulate", "random_topology_tree", "distances", "neighbor_joining", "bionj", "coevolution", "inference", "example_paths",
+    "device_mesh", "shard_pattern_data", "sharded_log_likelihood", "sharded_batch_log_likelihoods", "replicate",
 ]

@@ -45,7 +45,12 @@ def device_free_memory(device) -> tuple[int, int]:
     """`(free, total)` bytes of `device`: the allocator's limit on a GPU, available RAM on a CPU."""
     stats = device.memory_stats() if device.platform != "cpu" else None
     if stats and "bytes_limit" in stats:
-        return stats["bytes_limit"] - stats.get("bytes_in_use", 0), stats["bytes_limit"]
+        limit = stats["bytes_limit"]
+        if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() not in ("false", "0"):
+            # The pool is allocated at start; when the device could not give all of it (a larger
+            # XLA_PYTHON_CLIENT_MEM_FRACTION than it has), the pool is what there is.
+            limit = min(limit, stats.get("pool_bytes", limit) or limit)
+        return limit - stats.get("bytes_in_use", 0), limit
     return _host_available()
 
 

@@ -7,6 +7,7 @@ import hashlib
 import sys
 from contextlib import nullcontext
 
+from ._cli_env import add_env_command
 from ._cli_models import add_models_command
 from ._checkpoint import EXIT_INTERRUPTED, NEVER, Interrupted, StopRequests, parse_duration
 from ._errors import JaxphyloError
@@ -38,18 +39,41 @@ def _loglik(args) -> None:
         alignment_path, tree_path, model_string = args.alignment, args.tree, args.model
     alignment = jp.read_alignment(alignment_path, data_type=args.data_type, genetic_code=args.genetic_code)
     tree = jp.read_tree(tree_path)
-    model = jp.parse_model(model_string, alignment=alignment)
+    model = _loglik_model(jp, args, alignment, model_string)
     start = time.perf_counter()
     value = float(jp.log_likelihood(alignment, tree, model, precision=args.precision))
     elapsed = time.perf_counter() - start
-    if not np.isfinite(value):
+    if not np.isfinite(value) and not isinstance(model, jp.PartitionedModel):
         per_pattern = jp.pattern_log_likelihoods(alignment, tree, model, precision=args.precision)
         require_finite(value, model=model, tree=tree, per_pattern=per_pattern)
+    if isinstance(model, jp.PartitionedModel):
+        parts = jp.partitioned_log_likelihoods(alignment, tree, model, precision=args.precision)
+        require_finite(value, model=model, tree=tree, where="partitioned log-likelihood")
+        for name, part in zip(model.names, np.asarray(parts)):
+            print(f"# part {name}: {part:.6f}", file=sys.stderr)
     if args.example or args.verbose:
         patterns = alignment.site_patterns().num_patterns
         print(f"# {alignment_path}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, "
               f"{patterns} patterns; model {model_string}; {args.precision}; {elapsed:.2f} s", file=sys.stderr)
     print(f"{value:.6f}")
+
+
+def _loglik_model(jp, args, alignment, model_string):
+    """The model string's model, or with -p/-q/-Q FILE a partitioned one (the string: parts without a model)."""
+    flags = [(flag, path) for flag, path in (("p", args.p), ("q", args.q), ("Q", args.Q)) if path]
+    if not flags:
+        return jp.parse_model(model_string, alignment=alignment)
+    if len(flags) > 1:
+        raise JaxphyloError("give one of -p, -q and -Q")
+    (flag, path), = flags
+    rates = None
+    if args.part_rates:
+        try:
+            rates = [float(x) for x in args.part_rates.split(",")]
+        except ValueError:
+            raise JaxphyloError(f"--part-rates {args.part_rates!r}: write numbers separated by commas") from None
+    link = {"p": "proportional", "q": "equal", "Q": "unlinked"}[flag]
+    return jp.partitioned_model(jp.read_partitions(path), alignment, default_model=model_string, link=link, rates=rates)
 
 
 def _sample(args) -> None:
@@ -279,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     loglik.add_argument("--genetic-code", type=int, default=1, help="NCBI table number for codons (default 1)")
     loglik.add_argument("--example", action="store_true", help="use the built-in example data set")
     loglik.add_argument("--verbose", "-v", action="store_true", help="print data sizes and timing to stderr")
+    loglik.add_argument("-p", metavar="FILE", help="partitions (NEXUS sets/charpartition or RAxML-style): linked "
+                                                   "branch lengths times a rate per part (--part-rates)")
+    loglik.add_argument("-q", metavar="FILE", help="partitions with linked, equal branch lengths")
+    loglik.add_argument("-Q", metavar="FILE", help="partitions with unlinked branch lengths (here: the tree's in each)")
+    loglik.add_argument("--part-rates", help="with -p: the parts' rates, e.g. 0.5,0.3,2.2 (scaled to a site-weighted "
+                                             "mean of 1; default all 1)")
     loglik.set_defaults(run=_loglik)
 
     sample = commands.add_parser("sample", help="Bayesian inference with NUTS on a fixed topology")
@@ -366,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     coevolution.add_argument("--out", "-o", required=True, help="output prefix: PREFIX.tsv and PREFIX.png")
     coevolution.set_defaults(run=_coevolution)
     add_models_command(commands)
+    add_env_command(commands)
     return parser
 
 

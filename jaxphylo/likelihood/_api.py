@@ -217,8 +217,15 @@ def log_likelihood(
 ) -> Float[Array, ""]:
     """`log L = sum_c weight_c log L_c`: the log-likelihood of the alignment (see `pattern_log_likelihoods`).
 
-    `tree` may be a `TreeBatch`: then `[B]`, every tree in one call.
+    `tree` may be a `TreeBatch`: then `[B]`, every tree in one call. `model` may be a
+    `jaxphylo.models.PartitionedModel`: then the sum over its parts.
     """
+    from ..models._partitioned import PartitionedModel, partitioned_log_likelihood
+
+    if isinstance(model, PartitionedModel):
+        if method != "preorder":
+            raise ModelError("a partitioned model is differentiated by the pre-order pass only (method='preorder')")
+        return partitioned_log_likelihood(alignment, tree, model, precision=precision)
     per_pattern = pattern_log_likelihoods(alignment, tree, model, precision=precision, method=method)
     return jnp.sum(alignment.site_patterns().weights * per_pattern, axis=-1)
 

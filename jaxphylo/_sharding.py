@@ -1,0 +1,281 @@
+"""The likelihood across many devices: site patterns over a `patterns` mesh axis, trees over a `batch` axis.
+
+A device mesh has two named axes, `("batch", "patterns")`. Pattern data is
+laid out once by `shard_pattern_data`: the pattern axis of `tip_codes [N+1, P]`
+and `weights [P]` is split into contiguous blocks, one per position along
+`patterns` (and copied along `batch`); the small tip table is copied to every
+device. Trees and the model are copied to every device too (a `TreeBatch` is
+split over `batch` instead).
+
+The likelihood then runs under `jax.shard_map`: every device runs the
+unchanged fused passes of `jaxphylo.likelihood` on its own columns (on a CPU
+the C++ custom call, which XLA could not partition by itself; on a GPU the JAX
+kernels, unchanged) and computes the transition matrices itself from its copy
+of the model: they are small (branches x categories x S^2), so recomputing
+them costs less than sending them. What crosses devices is exactly:
+
+- forward: one all-reduce (`psum` over `patterns`) of each device's weighted
+  sum of `log L_c`: a scalar per tree;
+- gradient: the transpose of that `psum` (an all-reduce of the scalar
+  cotangent, no data), the pre-order pass on each device's own columns, and
+  one all-reduce, fused by XLA into a single collective, of the cotangents of
+  the copied inputs (branch lengths and model leaves: a few hundred numbers),
+  which `shard_map` inserts as the transpose of copying them to every device.
+  (Compiled HLO of `jax.grad` on a 1x4 and a 2x2 mesh: exactly these two
+  all-reduces; on 2x2 the second spans all four devices, each `batch` row
+  contributing half, since every row computed the same tree.)
+
+`check_vma=False`: the C++ CPU kernel's custom calls report their outputs as
+not varying over the mesh (JAX's `ffi_call` drops the inputs' varying axes),
+which under `check_vma=True` silently skips the all-reduce of the cotangents
+and gives a wrong gradient (and the JAX kernels' custom VJP is refused
+outright). Without the check, `shard_map` sums the cotangents of every
+replicated input, which is what the gradient needs.
+
+For a `TreeBatch` split over `batch` (compiled HLO on 2x2): the forward
+all-reduces `[B / batch]` values over `patterns` only; the gradient
+all-reduces each device's branch-length cotangents `[B / batch, 2N - 1]` over
+`patterns` and the model's cotangents over every device (all trees share the
+model). Nothing else crosses the `batch` axis.
+Padding patterns (weight 0, every tip missing) have `L_c = 1`, so they add
+exactly 0 to log L and to every cotangent.
+"""
+
+from __future__ import annotations
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jaxtyping import Array, Float, Int
+
+from ._errors import InputError
+from ._tree import Tree, TreeBatch
+from .likelihood._api import PRECISIONS, PatternData, batch_data_log_likelihoods, data_log_likelihood
+from .models import Model
+
+AXES = ("batch", "patterns")
+MIN_PATTERNS_PER_DEVICE = 1024  # below this a device's pass is dispatch-bound (DESIGN.md probe: ~flat under 1k)
+
+
+def default_mesh_shape(num_devices: int, trees: int = 1, num_patterns: int | None = None) -> tuple[int, int]:
+    """`(batch, patterns)` sizes for `num_devices` devices, `trees` trees per call and `num_patterns` patterns.
+
+    The rule:
+    - one tree: every device on `patterns` (the batch axis would only repeat the work);
+    - several trees: `batch` gets the largest divisor of the device count that
+      also divides the number of trees (splitting trees needs no communication
+      and, unlike splitting columns, keeps each device's pass as wide as it was),
+      and `patterns` the rest;
+    - but if the pattern shards would then hold fewer than `MIN_PATTERNS_PER_DEVICE`
+      patterns (few patterns: a device would idle on dispatch), `batch` takes the
+      largest divisor of the device count not above the number of trees, and the
+      batch is padded with copies of its last tree.
+    """
+    if num_devices < 1:
+        raise InputError(f"a mesh needs at least one device, not {num_devices}")
+    divisors = [d for d in range(1, num_devices + 1) if num_devices % d == 0]
+    if trees <= 1:
+        return 1, num_devices
+    batch = max(d for d in divisors if trees % d == 0)
+    if num_patterns is not None and num_patterns < MIN_PATTERNS_PER_DEVICE * (num_devices // batch):
+        batch = max(d for d in divisors if d <= trees)
+    return batch, num_devices // batch
+
+
+def device_mesh(devices=None, batch: int | None = None, patterns: int | None = None, *, trees: int = 1,
+                num_patterns: int | None = None) -> Mesh:
+    """A `Mesh` with axes `("batch", "patterns")` over `devices` (default: every device of every process).
+
+    Give `batch`, `patterns`, both (their product must be the device count) or
+    neither (then `default_mesh_shape(len(devices), trees, num_patterns)` picks).
+    Devices are laid out row by row in `jax.devices()` order, which lists each
+    process's devices together: a `patterns` row (whose devices all-reduce at
+    every likelihood) stays within a host where it can, and `batch` (no
+    communication) spans hosts.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    for name, size in (("batch", batch), ("patterns", patterns)):
+        if size is not None and (size < 1 or n % size):
+            raise InputError(f"mesh axis {name}={size} does not divide the {n} devices")
+    if batch is None and patterns is None:
+        batch, patterns = default_mesh_shape(n, trees, num_patterns)
+    elif batch is None:
+        batch = n // patterns
+    elif patterns is None:
+        patterns = n // batch
+    if batch * patterns != n:
+        raise InputError(f"mesh batch={batch} x patterns={patterns} is {batch * patterns} devices, not the {n} given")
+    return Mesh(np.array(devices, dtype=object).reshape(batch, patterns), AXES)
+
+
+def _place(value, sharding: NamedSharding) -> jax.Array:
+    """A host array as a global array with `sharding`; each process supplies only its own devices' pieces.
+
+    `make_array_from_callback` works the same under `jax.distributed` (where
+    `device_put` of a host array to devices of other processes would not).
+    """
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def replicate(pytree, mesh: Mesh):
+    """Every concrete array leaf of `pytree` (a model, a tree) copied to every device of `mesh`.
+
+    Tracers (inside a caller's `jit` or `grad`) are left alone: `jit` places them.
+    Needed only under `jax.distributed`, where an array on one local device
+    cannot enter a computation over other processes' devices.
+    """
+    sharding = NamedSharding(mesh, PartitionSpec())
+
+    def copy(leaf):
+        if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, (np.ndarray, jax.Array)):
+            return leaf
+        if isinstance(leaf, jax.Array) and leaf.sharding == sharding:
+            return leaf
+        return _place(leaf, sharding)
+
+    return jax.tree_util.tree_map(copy, pytree)
+
+
+def padded_pattern_count(num_patterns: int, mesh: Mesh) -> int:
+    """The pattern count rounded up to a multiple of the mesh's `patterns` size."""
+    shards = mesh.shape["patterns"]
+    return shards * math.ceil(num_patterns / shards)
+
+
+def shard_pattern_data(data: PatternData, mesh: Mesh) -> PatternData:
+    """`data` padded to a multiple of `mesh.shape["patterns"]` patterns and placed over the mesh.
+
+    `tip_codes [N+1, P]` and `weights [P]` are split over `patterns` (each
+    device holds `P / patterns` contiguous columns) and copied along `batch`;
+    `tip_table [K, S]` is copied to every device. Padding patterns have weight
+    0 and every tip (and the sentinel row) coded missing, the table's last row
+    of ones (`pattern_data` puts it there), so their `log L_c` is 0 and they add
+    exactly nothing. This is the one transfer of the data: later calls read it
+    where it lies.
+    """
+    codes, table, weights = (np.asarray(data.tip_codes), np.asarray(data.tip_table), np.asarray(data.weights))
+    num_patterns = codes.shape[1]
+    if num_patterns == 0:
+        raise InputError("pattern data has no patterns to shard")
+    pad = padded_pattern_count(num_patterns, mesh) - num_patterns
+    missing = table.shape[0] - 1
+    if pad:
+        if not np.all(table[missing] == 1):
+            raise InputError("pattern data's tip table lacks the all-missing last row that padding needs")
+        codes = np.concatenate([codes, np.full((codes.shape[0], pad), missing, codes.dtype)], axis=1)
+        weights = np.concatenate([weights, np.zeros(pad, weights.dtype)])
+    return PatternData(
+        _place(codes, NamedSharding(mesh, PartitionSpec(None, "patterns"))),
+        _place(table, NamedSharding(mesh, PartitionSpec())),
+        _place(weights, NamedSharding(mesh, PartitionSpec("patterns"))),
+    )
+
+
+def _ready(data: PatternData, mesh: Mesh) -> PatternData:
+    """`data` as `shard_pattern_data` leaves it: padded if it is concrete and not padded yet."""
+    if data.tip_codes.shape[1] % mesh.shape["patterns"] == 0:
+        return data
+    if isinstance(data.tip_codes, jax.core.Tracer):
+        raise InputError(f"traced pattern data has {data.tip_codes.shape[1]} patterns, not a multiple of the mesh's "
+                         f"{mesh.shape['patterns']}: lay it out with shard_pattern_data(data, mesh) outside jit")
+    return shard_pattern_data(data, mesh)
+
+
+_DATA_SPECS = PatternData(PartitionSpec(None, "patterns"), PartitionSpec(), PartitionSpec("patterns"))
+
+
+@eqx.filter_jit
+def _sharded_total(model: Model, tree: Tree, data: PatternData, mesh: Mesh, precision: str):
+    model_arrays, model_static = eqx.partition(model, eqx.is_array)
+    tree_arrays, tree_static = eqx.partition(tree, eqx.is_array)
+
+    def local(model_arrays, tree_arrays, local_data):
+        # One device's columns: the unchanged passes, then one all-reduce of a scalar.
+        value = data_log_likelihood(local_data, eqx.combine(tree_arrays, tree_static),
+                                    eqx.combine(model_arrays, model_static), precision=precision)
+        return jax.lax.psum(value, "patterns")
+
+    mapped = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(), _DATA_SPECS),
+                           out_specs=PartitionSpec(), check_vma=False)
+    return mapped(model_arrays, tree_arrays, data)
+
+
+def sharded_log_likelihood(data: PatternData, tree: Tree, model: Model, mesh: Mesh, *,
+                           precision: str = "float64") -> Float[Array, ""]:
+    """`log L` of one tree, the patterns split over the mesh's `patterns` axis (see the module docstring).
+
+    `data` is `pattern_data(alignment, tree)`, best already laid out by
+    `shard_pattern_data(data, mesh)` (else it is padded and placed here, once
+    per call). Equal to `data_log_likelihood(data, tree, model)` up to the order
+    of the pattern sum, and differentiable the same way (`jax.grad` runs the
+    pre-order pass on every device; the branch-length and model cotangents
+    are summed by one all-reduce). On a mesh with `batch > 1`, every row of
+    `batch` computes the same value (use `sharded_batch_log_likelihoods` for
+    many trees).
+    """
+    if isinstance(tree, TreeBatch):
+        return sharded_batch_log_likelihoods(data, tree, model, mesh, precision=precision)
+    if precision not in PRECISIONS:
+        raise InputError(f"precision must be 'float64' or 'float32', not {precision!r}")
+    data = _ready(data, mesh)
+    return _sharded_total(replicate(model, mesh), replicate(tree, mesh), data, mesh, precision)
+
+
+def pad_batch(trees: TreeBatch, multiple: int) -> TreeBatch:
+    """`trees` with copies of its last tree appended up to a multiple of `multiple` trees (works on tracers)."""
+    extra = -len(trees) % multiple
+    if not extra:
+        return trees
+    grow = lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], extra, axis=0)], axis=0)  # noqa: E731
+    return TreeBatch(grow(trees.parents), grow(trees.branch_lengths), trees.taxa)
+
+
+@eqx.filter_jit
+def _sharded_batch(model: Model, parents: Int[Array, "B nodes"], lengths: Float[Array, "B nodes"],
+                   data: PatternData, taxa: tuple, mesh: Mesh, precision: str) -> Float[Array, " B"]:
+    model_arrays, model_static = eqx.partition(model, eqx.is_array)
+
+    def local(model_arrays, parents, lengths, local_data):
+        # One device's trees (its block of `batch`) on its columns; the sum over columns is one all-reduce of [B/b].
+        per_tree = batch_data_log_likelihoods(local_data, TreeBatch(parents, lengths, taxa),
+                                              eqx.combine(model_arrays, model_static), precision=precision)
+        return jax.lax.psum(per_tree, "patterns")
+
+    trees_spec = PartitionSpec("batch")
+    mapped = jax.shard_map(local, mesh=mesh, in_specs=(PartitionSpec(), trees_spec, trees_spec, _DATA_SPECS),
+                           out_specs=trees_spec, check_vma=False)
+    return mapped(model_arrays, parents, lengths, data)
+
+
+def sharded_batch_log_likelihoods(data: PatternData, trees: TreeBatch, model: Model, mesh: Mesh, *,
+                                  precision: str = "float64") -> Float[Array, " B"]:
+    """`[B]` log-likelihoods of a `TreeBatch`: trees split over `batch`, patterns over `patterns`.
+
+    Each device evaluates its `B / batch` trees on its `P / patterns` columns
+    (the batch is padded with copies of its last tree to a multiple of
+    `batch`; those values are dropped, so they get no gradient); the only
+    communication is one all-reduce of `[B / batch]` over `patterns` per call
+    (for the gradient, of the branch-length cotangents over `patterns` and of
+    the model's over every device: see the module docstring). Equal to
+    `batch_data_log_likelihoods(data, trees, model)`; topologies are data, so
+    any batch of the same size runs one compiled program.
+    """
+    if precision not in PRECISIONS:
+        raise InputError(f"precision must be 'float64' or 'float32', not {precision!r}")
+    data = _ready(data, mesh)
+    count = len(trees)
+    padded = pad_batch(trees, mesh.shape["batch"])
+    sharding = NamedSharding(mesh, PartitionSpec("batch"))
+    parents, lengths = padded.parents, padded.branch_lengths
+    if not isinstance(parents, jax.core.Tracer):
+        parents = _place(parents, sharding)
+    if not isinstance(lengths, jax.core.Tracer):
+        lengths = _place(lengths, sharding)
+    values = _sharded_batch(replicate(model, mesh), parents, lengths, data, trees.taxa, mesh, precision)
+    return values[:count]

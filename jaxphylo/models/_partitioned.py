@@ -1,0 +1,371 @@
+"""Partitioned models: each part of an alignment with its own model, on one tree.
+
+For parts `k = 1..K` with columns `A_k`, models `M_k` (substitution model and
+rate variation; DNA, protein and codon parts may mix) and branch lengths
+`t_k` (below), the log-likelihood is the sum over parts,
+
+    log L = sum_k log L(A_k | tree, t_k, M_k).
+
+How the parts' branch lengths `t_k` follow from the tree's `t` (IQ-TREE's
+options in brackets):
+
+- `"proportional"` (`-p`, the default): `t_k = r~_k t`, with per-part rates
+  `r_k > 0` normalised so that their site-weighted mean is one, as IQ-TREE
+  fixes it: `r~_k = r_k / (sum_j n_j r_j / sum_j n_j)`, `n_k` the part's
+  sites in model units (codons for a codon part). Only the ratios of `rates`
+  matter, so `log L` is flat along `rates -> c rates`.
+- `"equal"` (`-q`): `t_k = t`; `rates` is unused.
+- `"unlinked"` (`-Q`): `t_k = branch_lengths[k]`, each part its own lengths
+  on the tree's topology (indexed by the tree's nodes); while
+  `branch_lengths` is None every part takes the tree's `t`.
+
+Evaluation (`partitioned_log_likelihoods`): parts with the same state count
+and the same number of rate categories form a group, and a group is one
+kernel call. Inside a group every part is one element of a `jax.vmap` of the
+likelihood kernel (a batch of one tree), with its own transition matrices,
+`pi`, category weights and its own compressed site patterns, padded with
+weightless all-missing patterns to the group's largest pattern count `P_max`.
+The alternative, the union of all parts' patterns with per-part weights (zero
+off the part) through the kernel's own tree axis, shares tip data across the
+batch but makes every part compute every pattern: `K x |union|` pattern
+evaluations against `K x P_max` here (`|union|` is near `sum_k P_k`, so the
+union costs about `K` times more for K parts of similar size, and codon
+positions 1, 2, 3 of lassa S have 345, 188 and 1,019 patterns: 1,552 in all
+against a padded 3 x 1,019 = 3,057, and `3 x 1,552` for the union). The CPU
+custom call runs the mapped axis as a loop inside the same compiled program.
+The transition matrices are built per part, vmapped over parts whose models
+have the same structure (one eigendecomposition each, all in one op).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Mapping
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from .._alignment import Alignment
+from .._alphabet import alphabet_for
+from .._errors import InputError, ModelError
+from ..io._partitions import PartitionScheme
+from ._amino_acid import EMPIRICAL_MODELS
+from ._model import Model
+from ._parse import _ALIASES, parse_model
+
+LINKS = ("proportional", "equal", "unlinked")
+
+
+class PartitionedModel(eqx.Module):
+    """A model per part of a `PartitionScheme` and how the parts' branch lengths are linked (module docstring).
+
+    `models[k]` is part `k`'s `Model`; `rates [K]` the per-part rate
+    multipliers (`"proportional"`); `branch_lengths [K, nodes]` or None the
+    per-part lengths (`"unlinked"`). `site_counts[k]` is `n_k`, the sites of
+    part `k` in model units. Every float leaf is differentiable.
+    """
+
+    models: tuple[Model, ...]
+    rates: Float[Array, " parts"]
+    branch_lengths: Float[Array, "parts nodes"] | None
+    scheme: PartitionScheme = eqx.field(static=True)
+    link: str = eqx.field(static=True)
+    site_counts: tuple[int, ...] = eqx.field(static=True)
+
+    def __check_init__(self):
+        if self.link not in LINKS:
+            raise ModelError(f"link must be one of {', '.join(map(repr, LINKS))}, not {self.link!r}")
+        if len(self.models) != self.scheme.num_parts or len(self.site_counts) != self.scheme.num_parts:
+            raise ModelError(f"{self.scheme.num_parts} parts but {len(self.models)} models")
+
+    @property
+    def num_parts(self) -> int:
+        return len(self.models)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.scheme.names
+
+    def __repr__(self) -> str:
+        """A one-line summary, e.g. `PartitionedModel(3 parts, proportional: pos1 dna, pos2 dna, pos3 dna)`."""
+        parts = ", ".join(f"{n} {m.alphabet.name}" for n, m in zip(self.names[:6], self.models))
+        more = ", ..." if self.num_parts > 6 else ""
+        return f"PartitionedModel({self.num_parts} parts, {self.link}: {parts}{more})"
+
+    def normalised_rates(self) -> Float[Array, " parts"]:
+        """`r~_k = r_k / (sum_j n_j r_j / sum_j n_j)` for `"proportional"`; ones otherwise."""
+        if self.link != "proportional":
+            return jnp.ones(self.num_parts)
+        counts = jnp.asarray(self.site_counts, dtype=jnp.result_type(self.rates, float))
+        return self.rates * (jnp.sum(counts) / jnp.sum(counts * self.rates))
+
+    def part_branch_lengths(self, branch_lengths: Float[Array, " nodes"]) -> Float[Array, "parts nodes"]:
+        """Every part's branch lengths `t_k [K, nodes]` from the tree's `t`."""
+        if self.link == "unlinked" and self.branch_lengths is not None:
+            if self.branch_lengths.shape != (self.num_parts,) + tuple(jnp.shape(branch_lengths)):
+                raise InputError(f"unlinked branch lengths of shape {tuple(self.branch_lengths.shape)} do not fit "
+                                 f"{self.num_parts} parts of a tree of {jnp.shape(branch_lengths)[0]} nodes")
+            return self.branch_lengths
+        return self.normalised_rates()[:, None] * branch_lengths[None, :]
+
+    def with_branch_lengths(self, branch_lengths: Float[Array, "parts nodes"]) -> "PartitionedModel":
+        """The same model, `"unlinked"`, with these per-part lengths (indexed by the tree's nodes)."""
+        lengths = jnp.asarray(branch_lengths)
+        if lengths.ndim != 2 or lengths.shape[0] != self.num_parts:
+            raise InputError(f"per-part branch lengths must be [{self.num_parts}, nodes], not {tuple(lengths.shape)}")
+        return PartitionedModel(self.models, self.rates, lengths, self.scheme, "unlinked", self.site_counts)
+
+
+# ---------------------------------------------------------------- building
+
+
+def _base_name(string: str) -> str:
+    return string.split("+", 1)[0].split("{", 1)[0].strip().upper()
+
+
+def _model_data_type(string: str | None) -> str | None:
+    """'protein' for an amino-acid matrix, 'codon' for GY, else None (any alignment's)."""
+    if string is None:
+        return None
+    key = _ALIASES.get(_base_name(string))
+    if key in EMPIRICAL_MODELS:
+        return "protein"
+    if key == "GY94":
+        return "codon"
+    return None
+
+
+def _columns_as_alignment(alignment: Alignment, columns: np.ndarray, data_type: str, genetic_code: int,
+                          name: str) -> Alignment:
+    raw = np.frombuffer("".join(alignment.sequences).encode("ascii", "replace"), np.uint8)
+    raw = raw.reshape(len(alignment.taxa), -1)[:, columns]
+    sequences = tuple(row.tobytes().decode("ascii") for row in raw)
+    source = f"{alignment.source} (part {name!r})"
+    if data_type == "codon" and len(columns) % 3:
+        raise InputError(f"{source}: a codon part needs a multiple of 3 sites, not {len(columns)}")
+    return Alignment(alignment.taxa, sequences, alphabet_for(data_type, genetic_code), source)
+
+
+def _alignment_columns(alignment: Alignment) -> int:
+    return len(alignment.sequences[0])
+
+
+@lru_cache(maxsize=16)
+def _split(alignment: Alignment, scheme: PartitionScheme, kinds: tuple[tuple[str, int], ...]) -> tuple[Alignment, ...]:
+    sites = scheme.sites(_alignment_columns(alignment))
+    return tuple(_columns_as_alignment(alignment, columns, kind, code, name)
+                 for columns, (kind, code), name in zip(sites, kinds, scheme.names))
+
+
+def part_alignments(alignment: Alignment, model: PartitionedModel) -> tuple[Alignment, ...]:
+    """The alignment's columns of every part, each in its model's data type (codon parts re-encoded)."""
+    kinds = tuple((m.alphabet.name, m.alphabet.genetic_code or 1) for m in model.models)
+    return _split(alignment, model.scheme, kinds)
+
+
+def partitioned_model(
+    scheme: PartitionScheme,
+    alignment: Alignment,
+    default_model: str | Mapping[str, str] = "GTR+G4",
+    link: str = "proportional",
+    rates=None,
+) -> PartitionedModel:
+    """One `Model` per part: the scheme's model string, else `default_model` (a string, or one per data type).
+
+    A part's data type is the scheme's, else that of its model string (a
+    protein matrix: protein; GY: codon), else the alignment's. Codon parts
+    are re-encoded as codons with the scheme's genetic code. A model named by
+    a RAxML-style file's first word (`DNA` is GTR, `WAG, p2 = ...` WAG) gets
+    the terms of `default_model` after its base appended, frequencies and
+    rate variation (IQ-TREE 2 does so with `-m`). Empirical
+    frequencies (`+F`, and the default without a frequency term) are each
+    part's own. `rates` are the starting rate multipliers (ones by default,
+    IQ-TREE's start). Sites in no part are left out (see `PartitionScheme`).
+    """
+    if link not in LINKS:
+        raise ModelError(f"link must be one of {', '.join(map(repr, LINKS))}, not {link!r}")
+    own = alignment.alphabet
+    strings, kinds = [], []
+    for k, name in enumerate(scheme.names):
+        string, data_type = scheme.models[k], scheme.data_types[k]
+        if data_type is None:
+            data_type = _model_data_type(string if string is not None else _default_for(default_model, None))
+        data_type = data_type or own.name
+        code = scheme.genetic_codes[k] if scheme.data_types[k] == "codon" else (own.genetic_code or 1)
+        default = _default_for(default_model, data_type)
+        if string is None:
+            if default is None:
+                raise ModelError(f"{scheme.source}: part {name!r} ({data_type}) has no model and no default for it")
+            string = default
+        elif scheme.format == "raxml" and "+" not in string and default is not None and "+" in default:
+            string += "+" + default.split("+", 1)[1]
+        strings.append(string)
+        kinds.append((data_type, code))
+    parts = _split(alignment, scheme, tuple(kinds))
+    models = []
+    for name, string, part in zip(scheme.names, strings, parts):
+        try:
+            models.append(parse_model(string, alignment=part))
+        except ModelError as error:
+            raise ModelError(f"part {name!r}: {error}") from None
+    counts = [part.num_sites for part in parts]
+    start = jnp.ones(scheme.num_parts) if rates is None else jnp.asarray(rates, float)
+    if start.shape != (scheme.num_parts,):
+        raise ModelError(f"rates must have one value per part ({scheme.num_parts}), not shape {start.shape}")
+    return PartitionedModel(tuple(models), start, None, scheme, link, tuple(counts))
+
+
+def _default_for(default_model, data_type: str | None) -> str | None:
+    """The default model string for a data type (a mapping's entry; a plain string serves every type)."""
+    if isinstance(default_model, str):
+        return default_model
+    if data_type is None:
+        return None
+    return default_model.get(data_type)
+
+
+# ---------------------------------------------------------------- data
+
+
+class GroupData(eqx.Module):
+    """Pattern data of the parts of one group, padded to a common pattern count and code table."""
+
+    parts: tuple[int, ...] = eqx.field(static=True)
+    tip_codes: Int[Array, "parts tips_plus_one patterns"]
+    tip_table: Float[Array, "parts codes states"]
+    weights: Float[Array, "parts patterns"]
+
+
+class PartitionedData(eqx.Module):
+    """Every group's pattern data, laid out for one tree's tips (a pytree: a jit argument)."""
+
+    groups: tuple[GroupData, ...]
+    num_parts: int = eqx.field(static=True)
+
+
+def partitioned_data(alignment: Alignment, tree, model: PartitionedModel) -> PartitionedData:
+    """Split the alignment into parts, compress each part's patterns and lay them out for `tree`.
+
+    Parts are grouped by `(states, rate categories)`; inside a group, each
+    part's codes are padded to the group's largest pattern count with the
+    all-missing row (weight zero) and its code table with all-one rows.
+    """
+    from ..likelihood._api import _check_taxa, pattern_data
+
+    _check_taxa(alignment, tree)
+    parts = part_alignments(alignment, model)
+    layouts = [pattern_data(part, tree) for part in parts]
+    keys: dict[tuple[int, int], list[int]] = {}
+    for k, (m, layout) in enumerate(zip(model.models, layouts)):
+        categories = jax.eval_shape(m.rate_categories)[1].shape[0]
+        keys.setdefault((layout.tip_table.shape[1], categories), []).append(k)
+    groups = []
+    for members in keys.values():
+        patterns = max(layouts[k].tip_codes.shape[1] for k in members)
+        codes = max(layouts[k].tip_table.shape[0] for k in members)
+        tip_codes, tables, weights = [], [], []
+        for k in members:
+            layout = layouts[k]
+            c, t, w = np.asarray(layout.tip_codes), np.asarray(layout.tip_table), np.asarray(layout.weights)
+            missing = t.shape[0] - 1  # pattern_data's all-missing row, last
+            tip_codes.append(np.pad(c, ((0, 0), (0, patterns - c.shape[1])), constant_values=missing))
+            tables.append(np.vstack([t, np.ones((codes - t.shape[0], t.shape[1]))]))
+            weights.append(np.pad(w, (0, patterns - w.shape[0])))
+        groups.append(GroupData(tuple(members), np.stack(tip_codes).astype(np.int32), np.stack(tables),
+                                np.stack(weights)))
+    return PartitionedData(tuple(groups), model.num_parts)
+
+
+# ---------------------------------------------------------------- likelihood
+
+
+def _stacked_arrays(models: list[Model], layout: Float[Array, "parts ids"], dtype):
+    """`(P [K, 1, ids, C, S, S], pi [K, 1, S], w [K, 1, C])` for parts `models`, vmapped over same-shaped models."""
+    buckets: dict = {}
+    for i, m in enumerate(models):
+        leaves, treedef = jax.tree.flatten(m)
+        buckets.setdefault((treedef, tuple(np.shape(x) for x in leaves)), []).append(i)
+    transitions, frequencies, weights = [None] * len(models), [None] * len(models), [None] * len(models)
+    for members in buckets.values():
+        stacked = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *[models[i] for i in members])
+
+        def arrays(m: Model, lengths):
+            return m.transition_matrices(lengths), m.frequencies, m.rate_categories()[1]
+
+        p, pi, w = jax.vmap(arrays)(stacked, layout[np.asarray(members)])
+        for j, i in enumerate(members):
+            transitions[i], frequencies[i], weights[i] = p[j], pi[j], w[j]
+    return (jnp.stack(transitions)[:, None].astype(dtype), jnp.stack(frequencies)[:, None].astype(dtype),
+            jnp.stack(weights)[:, None].astype(dtype))
+
+
+@eqx.filter_jit
+def _part_log_likelihoods(models: tuple[Model, ...], lengths: Float[Array, "parts nodes"], data: PartitionedData,
+                          schedule, index, dtype, static_steps):
+    """`[K]` log-likelihoods from each part's branch lengths: one program for every link mode."""
+    from ..likelihood._api import _kernel, layout_lengths
+
+    layout = jax.vmap(lambda t: layout_lengths(t, index, schedule)[0])(lengths)  # [K, ids]
+    result = [None] * data.num_parts
+    for group in data.groups:
+        members = np.asarray(group.parts)
+        transition, pi, w = _stacked_arrays([models[k] for k in group.parts], layout[members], dtype)
+        per_pattern = jax.vmap(lambda *arrays: _kernel(arrays, schedule, static_steps)[0])(
+            transition, pi, w, group.tip_codes, group.tip_table.astype(dtype))  # ONE call for the group: [K_g, P]
+        totals = jnp.sum(group.weights.astype(per_pattern.dtype) * per_pattern, axis=-1)
+        for j, k in enumerate(group.parts):
+            result[k] = totals[j]
+    return jnp.stack(result)
+
+
+def partitioned_data_log_likelihoods(data: PartitionedData, tree, model: PartitionedModel, *,
+                                     precision: str = "float64") -> Float[Array, " parts"]:
+    """`log L(A_k | tree, t_k, M_k)` for every part, from data laid out by `partitioned_data` (see the module).
+
+    The parts' lengths `t_k` are formed first (`part_branch_lengths`), so every
+    link mode runs the same compiled program.
+    """
+    from .._schedule import branch_index, build_schedule
+    from .._tree import Tree
+    from ..likelihood import _cpu_kernel
+    from ..likelihood._api import PRECISIONS, STEP_BYTES, _check_options
+    from ..likelihood._peeling import exact_steps
+
+    _check_options(precision, "preorder")
+    if not isinstance(tree, Tree):
+        raise ModelError("a partitioned model takes one Tree (per-part lengths live in the model for -Q)")
+    dtype = PRECISIONS[precision]
+    widest = max(g.tip_codes.shape[0] * g.tip_codes.shape[2] * g.tip_table.shape[2] *
+                 jax.eval_shape(model.models[g.parts[0]].rate_categories)[1].shape[0] for g in data.groups)
+    schedule = build_schedule(tree.topology, max(1, STEP_BYTES // (widest * jnp.dtype(dtype).itemsize)))
+    # Static step counts make the JAX kernel's level loops unrollable (faster on GPUs); the C++ CPU kernel
+    # ignores them, and leaving them out there lets every topology of a size share one program.
+    cpu = jax.default_backend() == "cpu" and _cpu_kernel.available()
+    return _part_log_likelihoods(model.models, model.part_branch_lengths(tree.branch_lengths), data, schedule,
+                                 branch_index(tree.topology), dtype, None if cpu else exact_steps(schedule))
+
+
+def partitioned_log_likelihoods(alignment: Alignment, tree, model: PartitionedModel, *,
+                                precision: str = "float64") -> Float[Array, " parts"]:
+    """Every part's log-likelihood `[K]`, in the scheme's order; `jax.grad` runs the pre-order pass per part."""
+    _check_lengths(tree, model)
+    return partitioned_data_log_likelihoods(partitioned_data(alignment, tree, model), tree, model,
+                                            precision=precision)
+
+
+def _check_lengths(tree, model: PartitionedModel) -> None:
+    for what, lengths in (("tree", tree.branch_lengths), ("unlinked", model.branch_lengths)):
+        if lengths is None or isinstance(lengths, jax.core.Tracer):
+            continue
+        values = np.asarray(lengths)
+        if (bad := ~np.isfinite(values) | (values < 0)).any():
+            raise InputError(f"{what} branch length {float(values[bad][0])} is negative or not finite")
+
+
+def partitioned_log_likelihood(alignment: Alignment, tree, model: PartitionedModel, *,
+                               precision: str = "float64") -> Float[Array, ""]:
+    """`log L = sum_k log L(A_k | tree, t_k, M_k)`: the sum of `partitioned_log_likelihoods`."""
+    return jnp.sum(partitioned_log_likelihoods(alignment, tree, model, precision=precision))

@@ -1,0 +1,135 @@
+"""Sharded against unsharded likelihoods, run in a fresh process (JAX reads XLA_FLAGS once, at start-up).
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/_sharded_check.py meshes
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 python tests/_sharded_check.py distributed PORT ID
+
+`meshes` compares, on 1x4, 2x2 and 4x1 meshes, the log-likelihood and its
+gradient (branch lengths and every model leaf) of one tree and of a batch of
+four trees with the unsharded functions, and prints one JSON line of the
+largest absolute differences. `distributed` is one of two processes joined by
+`jax.distributed` on localhost (CPU collectives: gloo), whose four devices
+together hold the pattern shards; it prints the sharded and the
+single-process values. `tests/test_sharding.py` runs both and asserts on them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "DS1"
+MODEL = "HKY{2}+F{0.3,0.2,0.2,0.3}+I{0.1}"
+
+
+def case():
+    """(alignment, tree, model, name): DS1 (934 patterns) or, without it, a simulated alignment whose pattern
+    count is not a multiple of 4, so that padding is exercised either way."""
+    import jaxphylo as jp
+
+    if (DATA / "alignment.fasta").exists():
+        alignment, tree = jp.read_alignment(DATA / "alignment.fasta"), jp.read_tree(DATA / "tree.nwk")
+        name = "DS1"
+    else:
+        tree = jp.random_topology_tree([f"t{i}" for i in range(12)], seed=1)
+        sites = 301
+        alignment = jp.simulate(tree, jp.parse_model(MODEL), sites, seed=2)
+        while alignment.site_patterns().num_patterns % 4 == 0:
+            sites += 1
+            alignment = jp.simulate(tree, jp.parse_model(MODEL), sites, seed=2)
+        name = f"simulated 12 x {sites}"
+    return alignment, tree, jp.parse_model(MODEL, alignment=alignment), name
+
+
+def max_difference(a, b) -> float:
+    import jax
+
+    differences = jax.tree_util.tree_map(lambda x, y: np.max(np.abs(np.asarray(x) - np.asarray(y))), a, b)
+    leaves = jax.tree_util.tree_leaves(differences)
+    return float(max(leaves)) if leaves else 0.0
+
+
+def meshes() -> dict:
+    import jax
+
+    import jaxphylo as jp
+    from jaxphylo.likelihood import batch_data_log_likelihoods, data_log_likelihood, pattern_data
+
+    alignment, tree, model, name = case()
+    data = pattern_data(alignment, tree)
+    others = [jp.random_topology_tree(tree.taxa, seed=s, mean_branch_length=0.05) for s in (3, 4, 5)]
+    batch = jp.TreeBatch.from_trees([tree] + others)
+    batch_data = pattern_data(alignment, batch)
+
+    def one(model, lengths, data, mesh=None):
+        t = tree.with_branch_lengths(lengths)
+        return data_log_likelihood(data, t, model) if mesh is None else jp.sharded_log_likelihood(data, t, model, mesh)
+
+    def many(model, lengths, data, mesh=None):
+        trees = jp.TreeBatch(batch.parents, lengths, batch.taxa)
+        values = (batch_data_log_likelihoods(data, trees, model) if mesh is None
+                  else jp.sharded_batch_log_likelihoods(data, trees, model, mesh))
+        return values.sum(), values
+
+    grad_one = jax.value_and_grad(one, argnums=(0, 1))
+    grad_many = jax.value_and_grad(many, argnums=(0, 1), has_aux=True)
+    reference_one = grad_one(model, tree.branch_lengths, data)
+    (_, reference_values), reference_many = grad_many(model, batch.branch_lengths, batch_data)
+    result = {"case": name, "patterns": int(data.tip_codes.shape[1]), "devices": len(jax.devices()),
+              "log_likelihood": float(reference_one[0]), "meshes": {}}
+    for shape in ((1, 4), (2, 2), (4, 1)):
+        mesh = jp.device_mesh(batch=shape[0], patterns=shape[1])
+        start = time.perf_counter()
+        sharded = jp.shard_pattern_data(data, mesh)
+        value, gradient = grad_one(model, tree.branch_lengths, sharded, mesh)
+        (_, values), batch_gradient = grad_many(model, batch.branch_lengths,
+                                                jp.shard_pattern_data(batch_data, mesh), mesh)
+        result["meshes"][f"{shape[0]}x{shape[1]}"] = {
+            "padded_patterns": int(sharded.tip_codes.shape[1]),
+            "tree_log_likelihood": abs(float(value) - float(reference_one[0])),
+            "tree_branch_lengths": max_difference(gradient[1], reference_one[1][1]),
+            "tree_model": max_difference(gradient[0], reference_one[1][0]),
+            "batch_log_likelihoods": max_difference(values, reference_values),
+            "batch_branch_lengths": max_difference(batch_gradient[1], reference_many[1]),
+            "batch_model": max_difference(batch_gradient[0], reference_many[0]),
+            "seconds": round(time.perf_counter() - start, 2),
+        }
+    return result
+
+
+def distributed(port: int, process_id: int) -> dict:
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
+                               initialization_timeout=60)
+    import jaxphylo as jp
+    from jaxphylo.likelihood import data_log_likelihood, pattern_data
+
+    alignment, tree, model, name = case()
+    data = pattern_data(alignment, tree)
+    mesh = jp.device_mesh()  # every device of both processes on `patterns`
+    sharded = jp.shard_pattern_data(data, mesh)
+    value, gradient = jax.value_and_grad(
+        lambda b: jp.sharded_log_likelihood(sharded, tree.with_branch_lengths(b), model, mesh)
+    )(jp.replicate(tree.branch_lengths, mesh))
+    with jax.default_device(jax.local_devices()[0]):
+        reference, reference_gradient = jax.value_and_grad(
+            lambda b: data_log_likelihood(data, tree.with_branch_lengths(b), model))(tree.branch_lengths)
+    return {"case": name, "process": jax.process_index(), "processes": jax.process_count(),
+            "global_devices": len(jax.devices()), "local_devices": len(jax.local_devices()),
+            "mesh": dict(mesh.shape), "sharded": float(value), "single": float(reference),
+            "gradient_difference": max_difference(gradient, reference_gradient)}
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "meshes":
+        print(json.dumps(meshes()))
+    elif mode == "distributed":
+        print(json.dumps(distributed(int(sys.argv[2]), int(sys.argv[3]))))
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")

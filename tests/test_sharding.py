@@ -1,0 +1,160 @@
+"""The likelihood sharded over a device mesh (issue #20) equals the unsharded one.
+
+JAX reads XLA_FLAGS once, at start-up, so the runs on 4 forced CPU devices and
+the two-process `jax.distributed` run happen in subprocesses
+(tests/_sharded_check.py); these tests assert on the JSON line they print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import jaxphylo as jp
+from jaxphylo._cli_env import add_env_command, parse_mesh_option
+from jaxphylo._sharding import MIN_PATTERNS_PER_DEVICE, default_mesh_shape
+
+HELPER = Path(__file__).with_name("_sharded_check.py")
+TOLERANCE = 1e-10
+
+
+def _environment(devices: int) -> dict:
+    flags = os.environ.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count", "--ignored")
+    return dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices}".strip(),
+                JAX_PLATFORMS="cpu")
+
+
+def _result(stdout: str) -> dict:
+    """The helper's JSON line (gloo prints its own lines to stdout too)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no result in the helper's output:\n{stdout}"
+    return json.loads(lines[-1])
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _cpu_collectives_reason() -> str | None:
+    """Why this JAX build cannot run collectives across CPU processes, or None."""
+    import jax
+
+    if "jax_cpu_collectives_implementation" not in jax.config.values:
+        return f"JAX {jax.__version__} has no jax_cpu_collectives_implementation option"
+    try:
+        from jax._src.lib import _jax
+    except ImportError:
+        return "jaxlib's extension module is not importable"
+    if not hasattr(_jax, "make_gloo_tcp_collectives"):
+        return f"jaxlib {jax.__version__} was built without gloo CPU collectives"
+    return None
+
+
+class _Helpers:
+    """The helper processes, all started at once (they mostly compile: overlapping them saves wall time)."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.processes = folder, {}
+
+    def start(self, name: str, arguments: list[str], devices: int) -> None:
+        with open(self.folder / f"{name}.out", "w") as out, open(self.folder / f"{name}.err", "w") as err:
+            command = [sys.executable, str(HELPER), *arguments]
+            self.processes[name] = subprocess.Popen(command, env=_environment(devices), stdout=out, stderr=err,
+                                                    text=True)
+
+    def finish(self, name: str, timeout: float = 240) -> dict:
+        process = self.processes[name]
+        process.wait(timeout=timeout)
+        stderr = (self.folder / f"{name}.err").read_text()
+        assert process.returncode == 0, stderr[-3000:]
+        return _result((self.folder / f"{name}.out").read_text())
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def helpers(tmp_path_factory):
+    launched = _Helpers(tmp_path_factory.mktemp("sharded"))
+    launched.start("meshes", ["meshes"], 4)
+    if _cpu_collectives_reason() is None:
+        port = _free_port()
+        for i in range(2):
+            launched.start(f"process{i}", ["distributed", str(port), str(i)], 2)
+    yield launched
+    launched.stop()
+
+
+def test_sharded_equals_unsharded_on_1x4_2x2_4x1_meshes(helpers):
+    result = helpers.finish("meshes")
+    assert result["devices"] == 4
+    assert result["patterns"] % 4, "the case must exercise padding"
+    assert set(result["meshes"]) == {"1x4", "2x2", "4x1"}
+    for shape, figures in result["meshes"].items():
+        for name, difference in figures.items():
+            if name not in ("seconds", "padded_patterns"):
+                assert difference <= TOLERANCE, (shape, name, difference)
+    assert result["meshes"]["1x4"]["padded_patterns"] % 4 == 0
+    assert result["meshes"]["1x4"]["padded_patterns"] > result["patterns"]
+
+
+def test_two_process_distributed_run_on_localhost(helpers):
+    if reason := _cpu_collectives_reason():
+        pytest.skip(reason)
+    results = [helpers.finish(f"process{i}") for i in range(2)]
+    assert sorted(r["process"] for r in results) == [0, 1]
+    for r in results:
+        assert r["processes"] == 2 and r["global_devices"] == 4 and r["local_devices"] == 2
+        assert r["mesh"] == {"batch": 1, "patterns": 4}
+        assert abs(r["sharded"] - r["single"]) <= TOLERANCE, r
+        assert r["gradient_difference"] <= TOLERANCE, r
+    assert results[0]["sharded"] == results[1]["sharded"]
+
+
+def test_default_mesh_rule():
+    assert default_mesh_shape(8) == (1, 8)  # one tree: every device on patterns
+    assert default_mesh_shape(8, trees=8, num_patterns=10**6) == (8, 1)  # trees split without communication
+    assert default_mesh_shape(8, trees=4, num_patterns=10**6) == (4, 2)
+    assert default_mesh_shape(8, trees=6, num_patterns=10**6) == (2, 4)  # 6 trees: batch must divide them
+    few = MIN_PATTERNS_PER_DEVICE  # too few patterns for 4 pattern shards: pad the 6 trees to 8 instead
+    assert default_mesh_shape(8, trees=6, num_patterns=few) == (4, 2)
+    assert default_mesh_shape(8, trees=3, num_patterns=10**6) == (1, 8)
+
+
+def test_mesh_errors_are_one_line_input_errors():
+    devices = jp.device_mesh().devices.ravel().tolist()
+    assert jp.device_mesh(devices).shape == {"batch": 1, "patterns": len(devices)}
+    with pytest.raises(jp.InputError, match="does not divide"):
+        jp.device_mesh(devices, batch=len(devices) + 1)
+    for text, message in (("batch=2,patterns=", "expected batch=B,patterns=P"), ("rows=1", "expected"),
+                          ("batch=1,batch=1", "given twice"), ("batch=0", "at least 1"),
+                          (f"batch=1,patterns={len(devices) + 1}", "but there are")):
+        with pytest.raises(jp.InputError, match=message) as error:
+            parse_mesh_option(text, devices)
+        assert "\n" not in str(error.value)
+    assert parse_mesh_option(f"patterns={len(devices)}", devices).shape["batch"] == 1
+
+
+def test_env_command_prints_devices_versions_and_mesh(capsys, tmp_path):
+    parser = argparse.ArgumentParser(prog="jaxphylo")
+    add_env_command(parser.add_subparsers(dest="command"))
+    alignment = tmp_path / "a.fasta"
+    alignment.write_text(">a\nACGTAC\n>b\nACGTTC\n>c\nAGGTAC\n")
+    args = parser.parse_args(["env", str(alignment)])
+    args.run(args)
+    out = capsys.readouterr().out
+    for text in ("JAX ", "jaxlib ", "CUDA: ", "float64: on", "processes: index 0 of 1", "devices: ", "free of",
+                 "mesh: batch=1 x patterns=", "3 taxa x 6 patterns"):
+        assert text in out, (text, out)
