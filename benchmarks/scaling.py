@@ -37,15 +37,19 @@ import sys
 import time
 from pathlib import Path
 
-import equinox as eqx
-import jax
-import numpy as np
-from jax.sharding import PartitionSpec
+CHILD_ENV = dict(os.environ)  # the runs get JAX's defaults (a GPU memory pool allocated at start)
+if "--one" not in sys.argv:  # this parent only counts devices: it must not take the GPUs' pools itself
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
 
-import jaxphylo as jp
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec  # noqa: E402
 
-from _common import device_record, save
-from likelihood import make_case
+import jaxphylo as jp  # noqa: E402
+
+from _common import device_record, save  # noqa: E402
+from likelihood import make_case  # noqa: E402
 
 
 def _median_seconds(function, argument, repeats: int) -> float:
@@ -144,7 +148,7 @@ def main() -> None:
     here = Path(__file__).resolve()
     for count in counts:
         command = [sys.executable, str(here), *sys.argv[1:], "--one", str(count)]
-        run = subprocess.run(command, capture_output=True, text=True, cwd=here.parent, env=dict(os.environ))
+        run = subprocess.run(command, capture_output=True, text=True, cwd=here.parent, env=CHILD_ENV)
         rows = [line[4:] for line in run.stdout.splitlines() if line.startswith("ROW ")]
         if run.returncode != 0 or not rows:
             print(f"{count} devices failed:\n{run.stderr[-2000:]}", file=sys.stderr)
