@@ -33,7 +33,7 @@ def example():
 def run(prepared, out, samples, resume=False, settings=None):
     return run_nuts(prepared.model, prepared.data, prepared.init, out, settings=settings or {"analysis": "HKY+G4"},
                     chains=1, warmup=40, samples=samples, block=10, seed=3, resume=resume, progress=False,
-                    method="sequential", log=lambda _: None)
+                    method="vectorized", log=lambda _: None)
 
 
 def test_resumed_run_equals_an_uninterrupted_one(example, tmp_path):
@@ -226,10 +226,13 @@ def test_dry_run_memory_is_within_20_percent_of_the_run(whole_run):
 
 
 def test_a_run_too_large_for_memory_stops_before_allocating(tmp_path):
-    import resource
-
-    result = cli(*SAMPLE_ARGS, "--chains", "1000000", "--out", str(tmp_path / "big"), timeout=900)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    # A fresh parent process, so that its children's peak memory is this run's alone.
+    command = [sys.executable, "-m", "jaxphylo.cli", *SAMPLE_ARGS, "--chains", "1000000", "--out", str(tmp_path / "big")]
+    parent = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+              "sys.stderr.write(r.stderr); print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    result = subprocess.run([sys.executable, "-c", parent, *command], capture_output=True, text=True, timeout=900)
+    code, peak_kib = map(int, result.stdout.split())
+    assert code == 2 and result.stderr.count("\n") == 1, result.stderr
     assert "this run needs about" in result.stderr and "is free" in result.stderr and "--precision float32" in result.stderr
-    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 4 * 2**20  # KiB: never near the 100+ GiB
+    assert peak_kib < 4 * 2**20, peak_kib  # never near the 100+ GiB it would need
     assert not (tmp_path / "big").exists()

@@ -45,16 +45,16 @@ def default_priors() -> dict:
     }
 
 
+# Built when used: a distribution made at import would start JAX's backend before the command line
+# could ask for one CPU device per chain.
 MRBAYES_PRIORS = {
-    "kappa": dist.TransformedDistribution(dist.Beta(1.0, 1.0), [SigmoidTransform().inv, ExpTransform()]),
+    "kappa": lambda _=None: dist.TransformedDistribution(dist.Beta(1.0, 1.0), [SigmoidTransform().inv,
+                                                                               ExpTransform()]),
 }
 
 
-DEFAULT_PRIORS = default_priors()
-
-
 def _prior(priors, name, size=None):
-    chosen = priors.get(name, DEFAULT_PRIORS[name])
+    chosen = priors[name] if name in priors else default_priors()[name]
     return chosen(size) if callable(chosen) and not isinstance(chosen, dist.Distribution) else chosen
 
 

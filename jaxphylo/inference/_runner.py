@@ -158,8 +158,7 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
     checked = {k: v for k, v in settings.items() if k != "samples"}
     total = -(-samples // block)
     saved = load_checkpoint(out / "checkpoint.pkl", checked) if resuming else None  # refused before compiling
-    kernel = NUTS(model, init_strategy=init_to_value(values=init))
-    stepper = ChainStepper(kernel, warmup, method)
+    stepper = _stepper(model, init, warmup, method)
     state = stepper.init(jax.random.split(jax.random.PRNGKey(seed), chains), data)
     if not (np.all(np.isfinite(np.asarray(state.potential_energy)))
             and all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(state.z_grad))):
@@ -211,10 +210,22 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
     return load_draws(out, total)
 
 
+_LAST_STEPPER: list = []  # [(model, key), stepper]: one entry, so compiled programs do not pile up
+
+
+def _stepper(model, init: dict, warmup: int, method: str) -> ChainStepper:
+    """The compiled sampler of `model` from `init`; the last one is kept, so that running the same analysis
+    again in one process (a resume, a notebook cell run twice, the dry run before a run) compiles nothing."""
+    key = (model, warmup, method, tuple((k, np.asarray(v).tobytes()) for k, v in sorted(init.items())))
+    if not _LAST_STEPPER or _LAST_STEPPER[0] != key:
+        _LAST_STEPPER[:] = [key, ChainStepper(NUTS(model, init_strategy=init_to_value(values=init)), warmup, method)]
+    return _LAST_STEPPER[1]
+
+
 def chunk_program(model, data, init: dict, chains: int, warmup: int, method: str | None = None):
     """`(name, compile)` for `jaxphylo._resources.plan`: the memory of the sampler's own chunk program."""
     method = method if method in ("parallel", "vectorized") else chain_method(chains)
-    stepper = ChainStepper(NUTS(model, init_strategy=init_to_value(values=init)), warmup, method)
+    stepper = _stepper(model, init, warmup, method)
     keys = jax.random.split(jax.random.PRNGKey(0), chains)
     return f"NUTS chunk of {chains} chain{'s' * (chains > 1)} ({method})", lambda: stepper.compile_chunk(keys, data)
 
