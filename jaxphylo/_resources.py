@@ -216,7 +216,7 @@ def plan(data, tree: Tree, model, precision: str, batch: int, dry_run: bool, sit
     if not dry_run and rough_bytes(data, tree, model, precision, batch) < device_free_memory(device)[0] / 10:
         return
     cost = evaluation_cost(data, tree, model, precision, batch, sites, device)
-    if program is not None:
+    if program is not None and cost.needed_bytes <= cost.free_bytes:  # if not, the step cannot fit either
         cost.program, compile_step = program
         cost.program_bytes = max(cost.program_bytes, program_bytes(compile_step()))
         cost.outside_bytes = outside_bytes(device)  # with the step's compiled code loaded

