@@ -254,3 +254,12 @@ def test_model_string_round_trips():
         model = jp.parse_model(text, alignment)
         written = jp.models.model_string(model)
         assert jp.models.model_string(jp.parse_model(written, alignment)) == written
+
+
+def test_ml_dry_run_prints_the_cost_and_writes_nothing(tmp_path):
+    alignment, _ = jp.example_paths()
+    result = run_cli("ml", str(alignment), "-m", "HKY+G4", "--dry-run", "--out", str(tmp_path / "x"))
+    assert result.returncode == 0, result.stderr
+    assert "16 taxa" in result.stderr and "likelihood and gradient of 64 trees at once" in result.stderr
+    assert "one likelihood-and-gradient" in result.stderr
+    assert list(tmp_path.iterdir()) == []
