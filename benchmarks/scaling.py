@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -48,18 +47,8 @@ from jax.sharding import PartitionSpec  # noqa: E402
 
 import jaxphylo as jp  # noqa: E402
 
-from _common import device_record, save  # noqa: E402
+from _common import device_record, save, time_call  # noqa: E402
 from likelihood import make_case  # noqa: E402
-
-
-def _median_seconds(function, argument, repeats: int) -> float:
-    jax.block_until_ready(function(argument))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(function(argument))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def allreduce_seconds(mesh, size: int, repeats: int) -> float:
@@ -67,7 +56,7 @@ def allreduce_seconds(mesh, size: int, repeats: int) -> float:
     total = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, ("batch", "patterns")), mesh=mesh,
                                   in_specs=PartitionSpec(), out_specs=PartitionSpec(), check_vma=False))
     values = jp.replicate(np.ones(size), mesh)
-    return _median_seconds(total, values, repeats)
+    return time_call(lambda: total(values), repeats)[1]
 
 
 def one_count(args, count: int) -> dict:
@@ -105,7 +94,7 @@ def one_count(args, count: int) -> dict:
     xla_bytes = None
     if memory is not None:
         xla_bytes = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-    median = _median_seconds(compiled, dynamic, args.repeats)
+    median = time_call(lambda: compiled(dynamic), args.repeats)[1]
     peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices if d.platform != "cpu"]
     leaves = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(eqx.filter((model, lengths), eqx.is_array)))
     return {"devices": count, "mesh": dict(mesh.shape), "taxa": args.taxa, "patterns": args.patterns,

@@ -106,6 +106,11 @@ class StopRequests:
 NEVER = StopRequests()  # for callers without signals or budgets
 
 
+def alignment_digest(alignment) -> str:
+    """What a checkpoint records of its data: the taxa and sequences, hashed."""
+    return hashlib.sha256(repr((alignment.taxa, alignment.sequences)).encode()).hexdigest()
+
+
 def settings_digest(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 

@@ -29,6 +29,8 @@ import numpy as np
 
 from ._errors import JaxphyloError
 from ._tree import Tree, TreeBatch
+from .likelihood import batch_data_log_likelihoods
+from .likelihood._api import PRECISIONS
 
 CPU_KERNEL_BLOCK = 8 << 20  # bytes of scratch per CPU-kernel thread (likelihood/_cpu/peeling.cc)
 
@@ -150,7 +152,6 @@ class Cost:
 
 def _evaluation(data, model, precision):
     """value and gradient (branch lengths, model) of the summed log-likelihood of a batch of trees."""
-    from .likelihood import batch_data_log_likelihoods
 
     def total(lengths, model, parents, taxa):
         trees = TreeBatch(parents, lengths, taxa)
@@ -168,7 +169,7 @@ def evaluation_cost(data, tree: Tree, model, precision: str = "float64", batch: 
     one = TreeBatch.from_trees([tree])
     trees = TreeBatch(jnp.broadcast_to(one.parents, (batch,) + one.parents.shape[1:]),
                       jnp.broadcast_to(one.branch_lengths, (batch,) + one.branch_lengths.shape[1:]), one.taxa)
-    dtype = jnp.dtype({"float64": jnp.float64, "float32": jnp.float32}[precision])
+    dtype = jnp.dtype(PRECISIONS[precision])
     nodes, patterns, states = trees.parents.shape[1], data.tip_codes.shape[1], data.tip_table.shape[1]
     categories = jax.eval_shape(model.rate_categories)[1].shape[0]
     params, static = eqx.partition(model, eqx.is_array)

@@ -107,7 +107,8 @@ def _sample(args) -> None:
         tip_dates = jp.io.read_tip_dates(args.dates) if args.dates else jp.io.tip_dates_from_names(tree.taxa)
         dates_digest = tip_dates.digest()
     prepared = prepare(alignment, tree, analysis, tip_dates)
-    plan(prepared.data, prepared.tree, jp.parse_model(args.model, alignment=alignment), args.precision,
+    model = jp.parse_model(args.model, alignment=alignment)
+    plan(prepared.data, prepared.tree, model, args.precision,
          args.chains, args.dry_run, alignment.num_sites, log=lambda text: print(text, file=sys.stderr),
          program=chunk_program(prepared.model, prepared.data, prepared.init, args.chains, args.warmup))
     if args.dry_run:
@@ -115,7 +116,6 @@ def _sample(args) -> None:
     settings = {"alignment": _digest(alignment_path), "tree": _digest(tree_path), "dates": dates_digest,
                 "analysis": analysis.as_dict()}
     log = progress_printer()
-    model = jp.parse_model(args.model, alignment=alignment)
     start_check = lambda: check_start(prepared.data, prepared.tree, model, args.precision)  # noqa: E731
     draws = run_nuts(prepared.model, prepared.data, prepared.init, args.out, settings=settings,
                      chains=args.chains, warmup=args.warmup, samples=args.samples, block=args.block,

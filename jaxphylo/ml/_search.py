@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._alignment import Alignment
-from .._checkpoint import NEVER, Interrupted, load_checkpoint, save_checkpoint
+from .._checkpoint import NEVER, Interrupted, alignment_digest, load_checkpoint, save_checkpoint
 from .._distances import distances
 from .._errors import InputError
 from .._neighbor_joining import bionj
@@ -449,7 +449,7 @@ def _search_record(alignment, model, start, starts, seed, settings, precision) -
     """What a search's result depends on: a resumed search must match it."""
     from dataclasses import asdict
 
-    data = hashlib.sha256(repr((alignment.taxa, alignment.sequences)).encode()).hexdigest()
+    data = alignment_digest(alignment)
     if isinstance(start, Tree):
         start = hashlib.sha256(repr((start.taxa, list(start.topology.parent),
                                      np.asarray(start.branch_lengths).tolist())).encode()).hexdigest()

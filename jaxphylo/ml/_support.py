@@ -20,7 +20,6 @@ that contain the split.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._alignment import Alignment
-from .._checkpoint import NEVER, Interrupted, load_checkpoint, save_checkpoint
+from .._checkpoint import NEVER, Interrupted, alignment_digest, load_checkpoint, save_checkpoint
 from .._distances import distances
 from .._neighbor_joining import bionj
 from .._tree import Topology, Tree, TreeBatch
@@ -156,7 +155,7 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     settings = settings or SearchSettings()
     rng = np.random.default_rng(seed)
     columns = rng.integers(0, alignment.num_sites, size=(replicates, alignment.num_sites))
-    record = {"alignment": hashlib.sha256(repr((alignment.taxa, alignment.sequences)).encode()).hexdigest(),
+    record = {"alignment": alignment_digest(alignment),
               "tree": [list(result.tree.topology.parent), np.asarray(result.tree.branch_lengths).tolist()],
               "model": [np.asarray(x).tolist() for x in jax.tree.leaves(result.model)],
               "replicates": replicates, "seed": seed, "precision": precision, "batch": BOOTSTRAP_BATCH,
