@@ -106,6 +106,17 @@ class StopRequests:
 NEVER = StopRequests()  # for callers without signals or budgets
 
 
+def stop_point(stop: StopRequests, save, checkpoint=None, progress: str = "") -> None:
+    """A place where a run may stop: if a stop was requested, `save()` (when there is a checkpoint) and raise
+    `Interrupted`, whose message says where the run stood (`progress`) and how to resume it."""
+    if (reason := stop.reason) is None:
+        return
+    if checkpoint is None:
+        raise Interrupted(f"{reason}: stopped {progress} (no checkpoint was asked for)")
+    save()
+    raise Interrupted(f"{reason}: saved in {checkpoint} {progress}; continue with the same command and --resume")
+
+
 def alignment_digest(alignment) -> str:
     """What a checkpoint records of its data: the taxa and sequences, hashed."""
     return hashlib.sha256(repr((alignment.taxa, alignment.sequences)).encode()).hexdigest()
@@ -136,10 +147,20 @@ def atomic_write(path, write) -> None:
 
 def save_checkpoint(path, payload, settings: dict) -> None:
     """`payload` (anything picklable: NumPy arrays, not device arrays) saved for `settings`."""
-    body = pickle.dumps(payload, protocol=4)
+    body = _canonical_pickle(payload)
     header = json.dumps({"length": len(body), "sha256": hashlib.sha256(body).hexdigest(),
-                         "settings": settings_digest(settings)}).encode()
+                         "settings": settings_digest(settings), "record": settings}, sort_keys=True).encode()
     atomic_write(path, lambda h: h.write(MAGIC + header + b"\n" + body))
+
+
+def _canonical_pickle(payload) -> bytes:
+    """A pickle that depends on the payload's values only: without the memo, which records object identity
+    (a fresh array's dtype is shared, a reloaded one's is not), so equal states give equal bytes."""
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=4)
+    pickler.fast = True  # no memo; checkpoint payloads hold no cycles
+    pickler.dump(payload)
+    return buffer.getvalue()
 
 
 def load_checkpoint(path, settings: dict):
@@ -161,7 +182,9 @@ def load_checkpoint(path, settings: dict):
                               f"it cannot be resumed")
     if hashlib.sha256(body).hexdigest() != header["sha256"]:
         raise CheckpointError(f"{path}: corrupted checkpoint (checksum differs); it cannot be resumed")
-    if header["settings"] != settings_digest(settings):
+    if header.get("settings") != settings_digest(settings):
+        now = json.loads(json.dumps(settings, sort_keys=True))  # tuples as lists, as the header holds them
+        compare_settings(str(path), _flat(header.get("record", {})), _flat(now))
         raise CheckpointError(f"{path}: the checkpoint belongs to other settings or data than this command's")
     return pickle.loads(body)
 
@@ -170,8 +193,24 @@ def compare_settings(where: str, saved: dict, now: dict, ignore=()) -> None:
     """One line naming the first setting that differs between a saved run and this command."""
     for key in sorted(set(saved) | set(now)):
         if key not in ignore and saved.get(key) != now.get(key):
-            raise CheckpointError(f"{where} holds a different analysis: {key} was {saved.get(key)!r} there, "
-                                  f"{now.get(key)!r} now")
+            raise CheckpointError(f"{where} holds a different analysis: {key} was {_short(saved.get(key))} there, "
+                                  f"{_short(now.get(key))} now")
+
+
+def _short(value, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _flat(record: dict, prefix: str = "") -> dict:
+    """Nested settings as one level (`settings.radius`), so that a difference is named down to its leaf."""
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
 
 
 def write_npz(handle, arrays: dict) -> None:

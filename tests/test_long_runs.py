@@ -35,8 +35,11 @@ def test_checkpoints_are_atomic_checksummed_and_tied_to_settings(tmp_path):
     save_checkpoint(path, {"x": np.arange(5)}, {"seed": 1})
     assert not (tmp_path / "c.pkl.tmp").exists()
     np.testing.assert_array_equal(load_checkpoint(path, {"seed": 1})["x"], np.arange(5))
-    with pytest.raises(jp.InputError, match="other settings"):
+    with pytest.raises(jp.InputError, match="different analysis: seed was 1 there, 2 now"):
         load_checkpoint(path, {"seed": 2})
+    save_checkpoint(path, {"x": 1}, {"search": {"radius": 6, "model": "HKY+G4"}})
+    with pytest.raises(jp.InputError, match="search.model was 'HKY\\+G4' there, 'GTR' now"):
+        load_checkpoint(path, {"search": {"radius": 6, "model": "GTR"}})
     content = path.read_bytes()
     for cut in (3, len(content) // 2, len(content) - 1):
         path.write_bytes(content[:cut])

@@ -7,10 +7,16 @@ as more than that). NNI scores are checked against whole-tree likelihoods to
 1e-8 (both float64; the only difference is the order of the sums).
 """
 
+import json
 import logging
+import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -112,7 +118,7 @@ def test_search_recovers_the_simulated_tree(simulated):
     assert ml.robinson_foulds(result.tree, truth) == 0
     assert result.log_likelihood >= ml.fit(alignment, truth, "HKY+G4").log_likelihood - 1e-3
     assert float(result.model.substitution.kappa) == pytest.approx(3.0, rel=0.2)
-    rounds, best, _ = zip(*result.trace)
+    rounds, best = zip(*result.trace)
     assert list(best) == sorted(best) or max(best) <= result.log_likelihood + 1e-3
 
 
@@ -166,24 +172,33 @@ class StopAfter:
 
 
 def test_interrupted_search_resumes_to_the_uninterrupted_result(simulated, tmp_path):
+    """Stopped before its first fit and then at random NNI/SPR rounds, resumed each time: the same result
+    and the same final checkpoint bytes as a search never stopped."""
     _, alignment, settings, result = simulated
-    path = tmp_path / "search.ckpt"
-    run = lambda **kw: ml.search(alignment, "HKY+G4", settings=settings, seed=1, checkpoint=path, **kw)
-    with pytest.raises(Interrupted, match="after 1 rounds|after 2 rounds"):
-        run(stop=StopAfter(1))
-    with pytest.raises(Interrupted):
-        run(resume=True, stop=StopAfter(0))  # stopped again at once: nothing lost
+    path, whole = tmp_path / "search.ckpt", tmp_path / "whole.ckpt"
+    run = lambda **kw: ml.search(alignment, "HKY+G4", settings=settings, seed=1, **kw)  # noqa: E731
+    assert run(checkpoint=whole).log_likelihood == result.log_likelihood
+    with pytest.raises(Interrupted, match="after 0 rounds"):
+        run(checkpoint=path, stop=StopAfter(0))
     with pytest.raises(jp.InputError, match="holds a saved search"):
-        run()
-    resumed = run(resume=True)
+        run(checkpoint=path)
+    rng, stops = np.random.default_rng(4), 0
+    while True:
+        try:
+            resumed = run(checkpoint=path, resume=True, stop=StopAfter(int(rng.integers(0, 4))))
+            break
+        except Interrupted:
+            stops += 1
+    assert stops >= 3
     assert resumed.log_likelihood == result.log_likelihood
     np.testing.assert_array_equal(resumed.tree.branch_lengths, result.tree.branch_lengths)
     assert resumed.tree.topology == result.tree.topology
-    assert [b for _, b, _ in resumed.trace] == [b for _, b, _ in result.trace]
+    assert resumed.trace == result.trace
+    assert path.read_bytes() == whole.read_bytes()
     content = path.read_bytes()
     path.write_bytes(content[: len(content) // 2])
     with pytest.raises(jp.InputError, match="truncated checkpoint"):
-        run(resume=True)
+        run(checkpoint=path, resume=True)
 
 
 def test_a_start_with_a_non_finite_likelihood_stops_the_search_with_its_cause(simulated):
@@ -193,17 +208,26 @@ def test_a_start_with_a_non_finite_likelihood_stops_the_search_with_its_cause(si
 
 
 def test_interrupted_bootstrap_resumes_to_the_same_trees(simulated, tmp_path, monkeypatch):
+    """Stopped inside its batches' NNI climbs and resumed each time: the trees of an uninterrupted bootstrap."""
     _, alignment, settings, result = simulated
     monkeypatch.setattr(ml._support, "BOOTSTRAP_BATCH", 3)
-    whole, trees = ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2)
-    path = tmp_path / "boot.ckpt"
-    with pytest.raises(Interrupted, match="after 3 of 6 replicates"):
+    whole_path, path = tmp_path / "whole.ckpt", tmp_path / "boot.ckpt"
+    whole, trees = ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2, checkpoint=whole_path)
+    with pytest.raises(Interrupted, match="after 0 of 6 replicates"):
         ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2, checkpoint=path, stop=StopAfter(1))
+    stops = 0
+    for reads in (1, 2, 1, 3):  # stopped inside the first batch's climb, after it, inside the second's
+        try:
+            resumed, again = ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2,
+                                          checkpoint=path, stop=StopAfter(reads))
+        except Interrupted:
+            stops += 1
     resumed, again = ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2, checkpoint=path)
-    assert resumed == whole
+    assert stops >= 2 and resumed == whole
     for a, b in zip(trees, again):
         assert a.topology == b.topology
         np.testing.assert_array_equal(a.branch_lengths, b.branch_lengths)
+    assert path.read_bytes() == whole_path.read_bytes()
 
 
 def test_splits_do_not_depend_on_the_order_of_taxa():
@@ -213,25 +237,67 @@ def test_splits_do_not_depend_on_the_order_of_taxa():
     assert ml.robinson_foulds(tree, same) == 0 and ml.robinson_foulds(tree, other) == 4
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "jaxphylo.cli", *args], capture_output=True, text=True, timeout=900)
+def run_cli(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    return subprocess.run([sys.executable, "-m", "jaxphylo.cli", *args], capture_output=True, text=True, timeout=900,
+                          cwd=cwd, env=env)
 
 
-def test_ml_command_writes_tree_json_and_log(simulated, tmp_path):
+ML_COMMAND = ("ml", "sim.fasta", "-m", "HKY+G4", "--patience", "2", "--batch", "2", "--alrt", "100", "--bootstrap",
+              "4")
+ML_FILES = ("sim.fasta.treefile", "sim.fasta.json", "sim.fasta.log", "sim.fasta.ckpt", "sim.fasta.boot.ckpt")
+
+
+@pytest.fixture(scope="module")
+def ml_command_run(simulated, tmp_path_factory):
+    """The `ml` command run once, uninterrupted, with SH-aLRT and bootstrap: its folder and its result."""
     truth, alignment, _, _ = simulated
-    path = write_fasta(alignment, tmp_path / "sim.fasta")
-    result = run_cli("ml", str(path), "-m", "HKY+G4", "--patience", "2", "--batch", "2", "--alrt", "100",
-                     "--bootstrap", "4")
+    folder = tmp_path_factory.mktemp("ml_command")
+    write_fasta(alignment, folder / "sim.fasta")
+    return folder, run_cli(*ML_COMMAND, cwd=folder)
+
+
+def test_ml_command_writes_tree_json_and_log(simulated, ml_command_run):
+    truth = simulated[0]
+    folder, result = ml_command_run
     assert result.returncode == 0, result.stderr
     assert "round" in result.stderr
-    import json
-    summary = json.loads((tmp_path / "sim.fasta.json").read_text())
+    summary = json.loads((folder / "sim.fasta.json").read_text())
     assert summary["log_likelihood"] == pytest.approx(float(result.stdout))
     assert summary["model"].startswith("HKY85{") and summary["search_rounds"] >= 1
-    tree = jp.read_tree(tmp_path / "sim.fasta.treefile")
+    tree = jp.read_tree(folder / "sim.fasta.treefile")
     assert ml.robinson_foulds(tree, truth) == 0
     assert all(label is None or "/" in label for label in tree.topology.labels)
-    assert (tmp_path / "sim.fasta.log").read_text().startswith("# jaxphylo ml")
+    log = (folder / "sim.fasta.log").read_text()
+    assert log.startswith("# jaxphylo ml") and " s;" not in log and "peak memory" in result.stderr
+    again = run_cli(*ML_COMMAND, cwd=folder)
+    assert again.returncode == 2 and "holds a saved search" in again.stderr
+
+
+def test_ml_sigterm_at_a_random_moment_exits_saved_and_resumes_to_the_same_bytes(ml_command_run, tmp_path):
+    """SIGTERM anywhere in `ml` (start-up, the search's climbs, SH-aLRT, the bootstrap): exit 75 within 30 s;
+    `--resume` then writes the bytes of the uninterrupted run, checkpoints included."""
+    reference, whole = ml_command_run
+    shutil.copy(reference / "sim.fasta", tmp_path / "sim.fasta")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    delay = float(np.random.default_rng().uniform(3.0, 40.0))
+    process = subprocess.Popen([sys.executable, "-m", "jaxphylo.cli", *ML_COMMAND], cwd=tmp_path, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    sent = time.time()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=600)
+    waited = time.time() - sent
+    if process.returncode == 0:
+        pytest.skip(f"the run finished before SIGTERM at {delay:.1f} s")
+    assert process.returncode == 75, stderr
+    assert waited < 30, f"stopped {waited:.1f} s after SIGTERM (sent at {delay:.1f} s)"
+    assert "--resume" in stderr and "Traceback" not in stderr
+    resumed = run_cli(*ML_COMMAND, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout == whole.stdout
+    for name in ML_FILES:
+        assert (tmp_path / name).read_bytes() == (reference / name).read_bytes(), f"{name} (SIGTERM at {delay:.1f} s)"
 
 
 @pytest.mark.parametrize("args,message", [
@@ -258,7 +324,7 @@ def test_model_string_round_trips():
 
 def test_ml_dry_run_prints_the_cost_and_writes_nothing(tmp_path):
     alignment, _ = jp.example_paths()
-    result = run_cli("ml", str(alignment), "-m", "HKY+G4", "--dry-run", "--out", str(tmp_path / "x"))
+    result = run_cli("ml", str(Path(alignment).resolve()), "-m", "HKY+G4", "--dry-run", "--out", str(tmp_path / "x"))
     assert result.returncode == 0, result.stderr
     assert "16 taxa" in result.stderr and "likelihood and gradient of 64 trees at once" in result.stderr
     assert "one likelihood-and-gradient" in result.stderr

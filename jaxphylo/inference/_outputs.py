@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from numpyro.diagnostics import hpdi
 from numpyro.diagnostics import summary as numpyro_summary
 
 from .._tree import Topology
@@ -107,10 +108,24 @@ def _branch_values(draws, chain, draw, topology, tips):
     return durations, [f"[&rate={r:.8g}]" for r in rates]
 
 
+MIN_DRAWS_FOR_DIAGNOSTICS = 4  # split R-hat halves each chain; ESS needs at least two draws per half
+
+
+def _moments(values, prob: float) -> dict:
+    """Mean, sd and HPD interval of a run too short for ESS and R-hat (those are NaN)."""
+    flat = np.reshape(values, (-1,) + np.shape(values)[2:])
+    low, high = hpdi(flat, prob) if len(flat) > 1 else (flat[0], flat[0])
+    return {"mean": flat.mean(0), "std": flat.std(0), f"{100 * (1 - prob) / 2:.1f}%": low,
+            f"{100 * (1 + prob) / 2:.1f}%": high, "n_eff": np.nan, "r_hat": np.nan}
+
+
 def summary_table(draws: Draws, prob: float = 0.95, labels: dict | None = None) -> list[dict]:
     """Mean, sd, HPD interval, bulk ESS and split R-hat of every column."""
     columns = [("likelihood", draws.stats["likelihood"])] + _columns(draws.samples, labels)
-    stats = numpyro_summary({name: values for name, values in columns}, prob=prob, group_by_chain=True)
+    if draws.stats["likelihood"].shape[1] < MIN_DRAWS_FOR_DIAGNOSTICS:
+        stats = {name: _moments(values, prob) for name, values in columns}
+    else:
+        stats = numpyro_summary({name: values for name, values in columns}, prob=prob, group_by_chain=True)
     low, high = f"{100 * (1 - prob) / 2:.1f}%", f"{100 * (1 + prob) / 2:.1f}%"
     return [{"name": name, "mean": s["mean"], "sd": s["std"], "hpd_low": s[low], "hpd_high": s[high],
              "ess": s["n_eff"], "r_hat": s["r_hat"]} for name, s in stats.items()]

@@ -41,7 +41,7 @@ class MLResult:
     seconds: float
     parameters: dict = field(default_factory=dict)
     search_rounds: int = 0
-    trace: list = field(default_factory=list, repr=False)  # (round, log L, seconds) of a search
+    trace: list = field(default_factory=list, repr=False)  # (round, best log L) of a search
 
     @property
     def model_string(self) -> str:

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._alignment import Alignment
-from .._checkpoint import NEVER, Interrupted, alignment_digest, load_checkpoint, save_checkpoint
+from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._distances import distances
 from .._errors import InputError
 from .._neighbor_joining import bionj
@@ -65,11 +65,10 @@ class SearchSettings:
     lengths_method: str = "auto"  # branch-length optimiser during the search: "lbfgs", "newton" or "auto"
     spr_chunk: int = 64  # SPR candidates scored per device call
     spr_limit: int = 4096  # SPR candidates per round at most (prunings sampled beyond it)
-    max_rounds: int = 10_000
     max_seconds: float = float("inf")  # wall-clock limit (makes a search depend on the machine's speed)
 
     def __post_init__(self):
-        for name in ("batch", "candidates", "spr_chunk", "spr_limit", "max_rounds"):
+        for name in ("batch", "candidates", "spr_chunk", "spr_limit"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"search setting {name} must be at least 1, got {getattr(self, name)}")
         for name in ("patience", "radius"):
@@ -183,26 +182,25 @@ def _perturb(parents, lengths, problem: Problem, key, fraction):
     return apply_nnis(parents, lengths, scores, chosen, which)
 
 
-def nni_climb(parents, lengths, log_likelihoods, fixed, problem: Problem, settings: SearchSettings, on_round=None):
-    """NNI rounds until no tree of the batch improves; returns the trees and their log L."""
-    for _ in range(settings.max_rounds):
-        (all_p, all_l), (one_p, one_l), any_move = _propose(parents, lengths, problem)
-        if not bool(jnp.any(any_move)):
-            break
-        candidates_l, candidate_ll = optimise_lengths(jnp.concatenate([all_p, one_p]), jnp.concatenate([all_l, one_l]),
-                                                      jnp.concatenate([fixed, fixed]), _doubled(problem))
-        b = parents.shape[0]
-        options = jnp.stack([log_likelihoods, candidate_ll[:b], candidate_ll[b:]])
-        improved = jnp.max(options, axis=0) > log_likelihoods + settings.epsilon
-        pick = jnp.where(improved, jnp.argmax(options, axis=0), 0)[None, :, None]
-        parents = jnp.take_along_axis(jnp.stack([parents, all_p, one_p]), pick, axis=0)[0]
-        lengths = jnp.take_along_axis(jnp.stack([lengths, candidates_l[:b], candidates_l[b:]]), pick, axis=0)[0]
-        log_likelihoods = jnp.where(improved, jnp.max(options, axis=0), log_likelihoods)
-        if on_round is not None:
-            on_round(float(jnp.max(log_likelihoods)))
-        if not bool(jnp.any(improved)):
-            break
-    return parents, lengths, log_likelihoods
+def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilon: float):
+    """One NNI round of every tree: `(parents, lengths, log L, proposed, improved)`.
+
+    `proposed`: some tree had an improving NNI to try; `improved`: some tree
+    gained more than `epsilon` after its branch lengths were re-fitted.
+    """
+    (all_p, all_l), (one_p, one_l), any_move = _propose(parents, lengths, problem)
+    if not bool(jnp.any(any_move)):
+        return parents, lengths, log_likelihoods, False, False
+    candidates_l, candidate_ll = optimise_lengths(jnp.concatenate([all_p, one_p]), jnp.concatenate([all_l, one_l]),
+                                                  jnp.concatenate([fixed, fixed]), _doubled(problem))
+    b = parents.shape[0]
+    options = jnp.stack([log_likelihoods, candidate_ll[:b], candidate_ll[b:]])
+    improved = jnp.max(options, axis=0) > log_likelihoods + epsilon
+    pick = jnp.where(improved, jnp.argmax(options, axis=0), 0)[None, :, None]
+    parents = jnp.take_along_axis(jnp.stack([parents, all_p, one_p]), pick, axis=0)[0]
+    lengths = jnp.take_along_axis(jnp.stack([lengths, candidates_l[:b], candidates_l[b:]]), pick, axis=0)[0]
+    log_likelihoods = jnp.where(improved, jnp.max(options, axis=0), log_likelihoods)
+    return parents, lengths, log_likelihoods, True, bool(jnp.any(improved))
 
 
 def spr_step(parent, lengths, log_likelihood, problem_of, batch: int, settings: SearchSettings):
@@ -231,27 +229,67 @@ def _padded(x, size):
     return np.concatenate([x, np.repeat(x[:1], size - len(x), axis=0)]) if len(x) < size else x
 
 
-def climb(parents, lengths, log_likelihoods, problem_of, settings: SearchSettings, on_round=None):
-    """NNI climbing of the whole batch, then SPR rounds (each followed by NNIs) on its best tree.
+class Climb:
+    """A hill climb in progress, advanced one round per `step()` so that a run can stop and save between any two.
 
-    Returns the climbed batch, the best tree moved into slot 0 after its SPR rounds.
+    Phases: "nni", NNI rounds of the whole batch until none improves; then,
+    with `spr`, "spr" (the best SPR of the batch's best tree within the
+    radius) alternating with "spr-nni" (NNI rounds of copies of the tree that
+    SPR made, one compiled shape) while SPR improves; then "done". `result()`
+    is the climbed batch with the best tree found moved into slot 0.
+    `state()` is plain NumPy, the part of a checkpoint that holds the climb.
     """
-    batch = parents.shape[0]
-    parents, lengths, log_likelihoods = nni_climb(parents, lengths, log_likelihoods, fixed_branches(parents),
-                                                  problem_of(batch), settings, on_round)
-    k = int(jnp.argmax(log_likelihoods))
-    best = parents[k], lengths[k], float(log_likelihoods[k])
-    while settings.radius > 0:
-        p, l, ll, improved = spr_step(*best, problem_of, batch, settings)
-        if not improved:
-            break
-        p, l = jnp.broadcast_to(p, (batch,) + p.shape), jnp.broadcast_to(l, (batch,) + l.shape)
-        p, l, lls = nni_climb(p, l, jnp.full(batch, ll), fixed_branches(p), problem_of(batch), settings, None)
-        best = p[0], l[0], float(lls[0])
-        if on_round is not None:
-            on_round(best[2])
-    swap = lambda x, y: x.at[k].set(x[0]).at[0].set(y)
-    return swap(parents, best[0]), swap(lengths, best[1]), swap(log_likelihoods, best[2])
+
+    ARRAYS = ("parents", "lengths", "log_likelihoods")
+
+    def __init__(self, parents, lengths, log_likelihoods, spr: bool = True, phase: str = "nni", slot: int = 0,
+                 best=None, copies=None):
+        self.batch = tuple(jnp.asarray(x) for x in (parents, lengths, log_likelihoods))
+        self.spr, self.phase, self.slot = spr, phase, slot
+        self.best = None if best is None else (jnp.asarray(best[0]), jnp.asarray(best[1]), float(best[2]))
+        self.copies = None if copies is None else tuple(jnp.asarray(x) for x in copies)
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def step(self, problem_of, settings: SearchSettings, on_round=None) -> None:
+        size = self.batch[0].shape[0]
+        if self.phase == "spr":
+            p, l, ll, improved = spr_step(*self.best, problem_of, size, settings)
+            if improved:
+                self.copies = jnp.broadcast_to(p, (size,) + p.shape), jnp.broadcast_to(l, (size,) + l.shape), \
+                    jnp.full(size, ll)
+            self.phase = "spr-nni" if improved else "done"
+            return
+        trees = self.batch if self.phase == "nni" else self.copies
+        *trees, proposed, improved = nni_round(*trees, fixed_branches(trees[0]), problem_of(size), settings.epsilon)
+        if self.phase == "nni":
+            self.batch = tuple(trees)
+            if proposed and on_round is not None:
+                on_round(float(jnp.max(trees[2])))
+        else:
+            self.copies = tuple(trees)
+        if improved:
+            return
+        if self.phase == "nni":
+            self.slot = int(jnp.argmax(trees[2]))
+        k = self.slot if self.phase == "nni" else 0
+        self.best, self.copies = (trees[0][k], trees[1][k], float(trees[2][k])), None
+        if self.phase == "spr-nni" and on_round is not None:
+            on_round(self.best[2])
+        self.phase = "spr" if self.spr and settings.radius > 0 else "done"
+
+    def result(self):
+        """The climbed batch, `(parents, lengths, log L)`, with the best tree found in slot 0."""
+        swap = lambda x, y: x.at[self.slot].set(x[0]).at[0].set(y)  # noqa: E731
+        return tuple(swap(x, y) for x, y in zip(self.batch, self.best))
+
+    def state(self) -> dict:
+        numpy = lambda xs: None if xs is None else tuple(np.asarray(x) for x in xs)  # noqa: E731
+        return {"parents": np.asarray(self.batch[0]), "lengths": np.asarray(self.batch[1]),
+                "log_likelihoods": np.asarray(self.batch[2]), "spr": self.spr, "phase": self.phase,
+                "slot": self.slot, "best": numpy(self.best), "copies": numpy(self.copies)}
 
 
 class CandidateSet:
@@ -340,96 +378,156 @@ def search(
 
     `start`: None or "bionj" (BIONJ on `jp.distances`), "random", or a `Tree`;
     `starts > 1` adds random trees, all hill-climbed together. `progress`, if
-    given, is called with `(round, best log L, seconds)` after every round.
+    given, is called with `(round, best log L, seconds)` after every round; a
+    resumed search first replays its saved rounds with `seconds` None.
 
-    `checkpoint` (a path) saves the search after the first climb and after
-    every perturbation round: the fitted model, the candidate trees, the
+    `checkpoint` (a path) saves the search at the end of each stage (start
+    fits, first climb, every perturbation round) and whenever it stops: the
+    stage, the fitted model, the candidate trees, the climb in progress, the
     random key and the patience count. With `resume=True` a search continues
-    from it and ends as an uninterrupted one would. `stop` (a
-    `jaxphylo._checkpoint.StopRequests`) is read after the first climb and
-    between rounds; when it fires the search saves and raises `Interrupted`.
+    from it and ends as an uninterrupted one would, to the last bit. `stop` (a
+    `jaxphylo._checkpoint.StopRequests`) is read before every NNI or SPR
+    round; when it fires the search saves and raises `Interrupted`.
     """
     settings = settings or SearchSettings()
     record = _search_record(alignment, model, start, starts, seed, settings, precision)
     saved = _resumed(checkpoint, resume, record)
-    began = time.perf_counter()
-    template, free = resolve_model(model, alignment)
-    trees = start_trees(alignment, start, starts, seed)
-    size = max(settings.batch, starts)
-    batch = kernel_batch(trees + trees[:1] * (size - len(trees)))
-    data = pattern_data(alignment, batch)
-    dtype = PRECISIONS[precision]
-    widths = phase_widths(batch.num_tips, max_step_width(template, data, dtype, max(2 * size, settings.spr_chunk)))
-    model_now = template
-
-    def problem_of(b):
-        return Problem(model_now, data, jnp.broadcast_to(data.weights, (b, data.weights.shape[0])), widths, dtype,
-                       settings.lengths_method)
-
-    trace = []
-
-    def on_round(best):
-        trace.append((len(trace) + 1, best, time.perf_counter() - began))
-        if progress is not None:
-            progress(*trace[-1])
-
-    def refit(p, l, tolerance):
-        """Model and lengths of one tree re-fitted (IQ-TREE re-optimises the model between search phases)."""
-        coordinates = ModelCoordinates(model_now, free)
-        model, l, ll, values, iterations = optimise_model_and_lengths(p[None], l[None], fixed_branches(p[None]),
-                                                                      coordinates, problem_of(1), tolerance)
-        return model, l[0], float(ll[0]), values, iterations
-
-    candidates = CandidateSet(settings.candidates, batch.taxa)
-    if saved is None:
-        # The model is fitted on the first start tree, then every start climbs under it.
-        # Lengths first, then the model with them (see `fit`), then the lengths of every start under it.
-        parents = batch.parents
-        lengths, log_l = optimise_lengths(parents, batch.branch_lengths, fixed_branches(parents), problem_of(size),
-                                          1e-3)
-        _require_finite_start(log_l, problem_of(size), batch)
-        model_now, first_l, _, _, _ = refit(parents[0], lengths[0], 1e-3)
-        lengths, log_l = optimise_lengths(parents, lengths.at[0].set(first_l), fixed_branches(parents),
-                                          problem_of(size))
-        parents, lengths, log_l = climb(parents, lengths, log_l, problem_of, settings, on_round)
-        model_now, best_l, _, _, _ = refit(parents[0], lengths[0], 1e-3)
-        lengths, log_l = optimise_lengths(parents, lengths.at[0].set(best_l), fixed_branches(parents),
-                                          problem_of(size))
-        candidates.add(parents, lengths, log_l)
-        key, failures = jax.random.PRNGKey(seed), 0
-    else:
-        model_now = jax.tree.unflatten(jax.tree.structure(template), [jnp.asarray(x) for x in saved["model"]])
-        candidates.trees = {k: (ll, jnp.asarray(p), jnp.asarray(l)) for k, ll, p, l in saved["candidates"]}
-        key, failures, trace[:] = jnp.asarray(saved["key"]), saved["failures"], saved["trace"]
-        began -= trace[-1][2] if trace else 0.0
+    run = _SearchRun(alignment, model, start, starts, seed, settings, precision, progress)
+    if saved is not None:
+        run.restore(saved)
+        for entry in run.trace if progress is not None else ():
+            progress(*entry, None)
 
     def save():
         if checkpoint is not None:
-            save_checkpoint(checkpoint, {
-                "model": [np.asarray(x) for x in jax.tree.leaves(model_now)],
-                "candidates": [(k, ll, np.asarray(p), np.asarray(l)) for k, (ll, p, l) in candidates.trees.items()],
-                "key": np.asarray(key), "failures": failures, "trace": list(trace)}, record)
+            save_checkpoint(checkpoint, run.state(), record)
 
-    save()
-    while failures < settings.patience and time.perf_counter() - began < settings.max_seconds:
-        if (reason := stop.reason) is not None:
-            raise Interrupted(f"{reason}: search saved in {checkpoint} after {len(trace)} rounds; "
-                              f"continue it with the same command and --resume")
-        key, sub = jax.random.split(key)
-        before = candidates.best()[0]
-        p, l = candidates.stacked(size)
-        p, l = _perturb(p, l, problem_of(size), sub, settings.perturbation)
-        l, ll = optimise_lengths(p, l, fixed_branches(p), problem_of(size))
-        candidates.add(*climb(p, l, ll, problem_of, settings, on_round))
-        failures = 0 if candidates.best()[0] > before + settings.epsilon else failures + size
-        save()
-    _, best_p, best_l = candidates.best()
+    while run.stage != "final":
+        stop_point(stop, save, checkpoint, f"after {len(run.trace)} rounds")
+        if run.advance():
+            save()
+    return run.result()
 
-    model_now, best_l, best_ll, values, iterations = refit(best_p, best_l, 1e-3)
-    tree = TreeBatch(best_p[None], best_l[None], batch.taxa).to_trees(rooted=False)[0]
-    return MLResult(tree=tree, model=model_now, log_likelihood=best_ll, iterations=iterations,
-                    seconds=time.perf_counter() - began, parameters={k: np.asarray(v).tolist() for k, v in values.items()},
-                    search_rounds=len(trace), trace=trace)
+
+class _SearchRun:
+    """One search as a sequence of short steps, its whole state plain data between them.
+
+    Stages: "start", "start-model", "start-lengths" (lengths, model, then
+    lengths fitted on the start trees), "first-climb", "perturb" (draw the next perturbed batch, or finish),
+    "perturbed-climb", "final". `advance()` does one step (one NNI or SPR
+    round inside a climb) and says whether a stage ended (a moment to save).
+    """
+
+    def __init__(self, alignment, model, start, starts, seed, settings, precision, progress):
+        self.settings, self.progress, self.seed = settings, progress, seed
+        self.began = time.perf_counter()
+        self.template, self.free = resolve_model(model, alignment)
+        trees = start_trees(alignment, start, starts, seed)
+        self.size = max(settings.batch, starts)
+        self.start_batch = kernel_batch(trees + trees[:1] * (self.size - len(trees)))
+        self.data = pattern_data(alignment, self.start_batch)
+        self.dtype = PRECISIONS[precision]
+        self.widths = phase_widths(self.start_batch.num_tips, max_step_width(
+            self.template, self.data, self.dtype, max(2 * self.size, settings.spr_chunk)))
+        self.model = self.template
+        self.candidates = CandidateSet(settings.candidates, self.start_batch.taxa)
+        self.stage, self.climb, self.before = "start", None, None
+        self.key, self.failures, self.trace = jax.random.PRNGKey(seed), 0, []
+
+    def problem_of(self, b: int) -> Problem:
+        weights = jnp.broadcast_to(self.data.weights, (b, self.data.weights.shape[0]))
+        return Problem(self.model, self.data, weights, self.widths, self.dtype, self.settings.lengths_method)
+
+    def on_round(self, best: float) -> None:
+        self.trace.append((len(self.trace) + 1, best))
+        if self.progress is not None:
+            self.progress(*self.trace[-1], time.perf_counter() - self.began)
+
+    def refit(self, p, l, tolerance=1e-3):
+        """Model and lengths of one tree re-fitted (IQ-TREE re-optimises the model between search phases)."""
+        coordinates = ModelCoordinates(self.model, self.free)
+        model, l, ll, values, iterations = optimise_model_and_lengths(p[None], l[None], fixed_branches(p[None]),
+                                                                      coordinates, self.problem_of(1), tolerance)
+        return model, l[0], float(ll[0]), values, iterations
+
+    def refit_model_on_best(self, parents, lengths):  # the model on tree 0, then every tree's lengths under it
+        self.model, first, _, _, _ = self.refit(parents[0], lengths[0])
+        return optimise_lengths(parents, lengths.at[0].set(first), fixed_branches(parents), self.problem_of(self.size))
+
+    def advance(self) -> bool:
+        if self.stage == "start":  # three steps, a stop point between each: each may compile for seconds
+            parents = self.start_batch.parents
+            self.climb = Climb(parents, *optimise_lengths(parents, self.start_batch.branch_lengths,
+                                                          fixed_branches(parents), self.problem_of(self.size), 1e-3))
+            _require_finite_start(self.climb.batch[2], self.problem_of(self.size), self.start_batch)
+            self.stage = "start-model"
+            return False
+        if self.stage == "start-model":
+            # Lengths first, then the model with them (see `fit`), then the lengths of every start under it.
+            parents, lengths, _ = self.climb.batch
+            self.model, first, _, _, _ = self.refit(parents[0], lengths[0])
+            self.climb, self.stage = Climb(parents, lengths.at[0].set(first), self.climb.batch[2]), "start-lengths"
+            return False
+        if self.stage == "start-lengths":
+            parents, lengths, _ = self.climb.batch
+            lengths, log_l = optimise_lengths(parents, lengths, fixed_branches(parents), self.problem_of(self.size))
+            self.climb, self.stage = Climb(parents, lengths, log_l), "first-climb"
+            return True
+        if self.stage == "perturb":
+            if self.failures >= self.settings.patience or \
+                    time.perf_counter() - self.began >= self.settings.max_seconds:
+                self.stage = "final"
+                return True
+            self.key, sub = jax.random.split(self.key)
+            self.before = self.candidates.best()[0]
+            p, l = self.candidates.stacked(self.size)
+            p, l = _perturb(p, l, self.problem_of(self.size), sub, self.settings.perturbation)
+            l, ll = optimise_lengths(p, l, fixed_branches(p), self.problem_of(self.size))
+            self.climb, self.stage = Climb(p, l, ll), "perturbed-climb"
+            return False
+        if not self.climb.done:
+            self.climb.step(self.problem_of, self.settings, self.on_round)
+            return False
+        parents, lengths, log_l = self.climb.result()
+        if self.stage == "first-climb":
+            lengths, log_l = self.refit_model_on_best(parents, lengths)
+        self.candidates.add(parents, lengths, log_l)
+        if self.stage == "perturbed-climb":
+            improved = self.candidates.best()[0] > self.before + self.settings.epsilon
+            self.failures = 0 if improved else self.failures + self.size
+        self.climb, self.stage = None, "perturb"
+        return True
+
+    def result(self) -> MLResult:
+        _, best_p, best_l = self.candidates.best()
+        model, best_l, best_ll, values, iterations = self.refit(best_p, best_l)
+        tree = TreeBatch(best_p[None], best_l[None], self.start_batch.taxa).to_trees(rooted=False)[0]
+        return MLResult(tree=tree, model=model, log_likelihood=best_ll, iterations=iterations,
+                        seconds=time.perf_counter() - self.began,
+                        parameters={k: np.asarray(v).tolist() for k, v in values.items()},
+                        search_rounds=len(self.trace), trace=list(self.trace))
+
+    def state(self) -> dict:
+        """Everything the search needs to go on, as NumPy arrays and Python values (no time: same bytes)."""
+        return {"stage": self.stage, "model": [np.asarray(x) for x in jax.tree.leaves(self.model)],
+                "candidates": [(_sorted_splits(k), ll, np.asarray(p), np.asarray(l))
+                               for k, (ll, p, l) in self.candidates.trees.items()],
+                "climb": None if self.climb is None else self.climb.state(), "before": self.before,
+                "key": np.asarray(self.key), "failures": self.failures, "trace": list(self.trace)}
+
+    def restore(self, saved: dict) -> None:
+        self.stage, self.before, self.failures = saved["stage"], saved["before"], saved["failures"]
+        self.model = jax.tree.unflatten(jax.tree.structure(self.template), [jnp.asarray(x) for x in saved["model"]])
+        self.candidates.trees = {frozenset(map(frozenset, k)): (ll, jnp.asarray(p), jnp.asarray(l))
+                                 for k, ll, p, l in saved["candidates"]}
+        self.climb = None if saved["climb"] is None else Climb(**saved["climb"])
+        self.key, self.trace = jnp.asarray(saved["key"]), list(saved["trace"])
+
+
+def _sorted_splits(key: frozenset) -> tuple:
+    """A tree's split set in a fixed order: a set's pickle follows its iteration order, which can differ
+    between equal sets (insertion history), and a checkpoint must repeat byte for byte."""
+    return tuple(sorted(tuple(sorted(split)) for split in key))
 
 
 def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch) -> None:

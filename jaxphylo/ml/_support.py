@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._alignment import Alignment
-from .._checkpoint import NEVER, Interrupted, alignment_digest, load_checkpoint, save_checkpoint
+from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._distances import distances
 from .._neighbor_joining import bionj
 from .._tree import Topology, Tree, TreeBatch
@@ -146,11 +146,12 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     every replicate its own pattern weights, its own BIONJ start, NNI climbing
     with branch lengths re-fitted under the ML model. With `checkpoint` (a
     path) the finished batches are saved, and a saved file for the same
-    inputs is continued; `stop` is read between batches (then `Interrupted`).
+    inputs is continued; `stop` is read before every NNI round (then the
+    finished batches and the climb in progress are saved, and `Interrupted`).
     The batches are fixed by `replicates` alone, so an interrupted and
     resumed bootstrap gives the trees an uninterrupted one gives.
     """
-    from ._search import SearchSettings
+    from ._search import Climb, SearchSettings
 
     settings = settings or SearchSettings()
     rng = np.random.default_rng(seed)
@@ -160,42 +161,55 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
               "model": [np.asarray(x).tolist() for x in jax.tree.leaves(result.model)],
               "replicates": replicates, "seed": seed, "precision": precision, "batch": BOOTSTRAP_BATCH,
               "settings": {k: str(v) for k, v in asdict(settings).items()}}
-    done = []
+    saved = {"done": [], "climb": None}
     if checkpoint is not None and Path(checkpoint).exists():
-        done = load_checkpoint(checkpoint, record)
+        saved = load_checkpoint(checkpoint, record)
+    done, climb = saved["done"], saved["climb"]
+
+    def save():
+        save_checkpoint(checkpoint, {"done": done, "climb": None if climb is None else climb.state()}, record)
+
     for first in range(len(done), replicates, BOOTSTRAP_BATCH):
-        if (reason := stop.reason) is not None:
-            raise Interrupted(f"{reason}: bootstrap saved in {checkpoint} after {len(done)} of {replicates} "
-                              f"replicates; continue it with the same command and --resume")
         rows = columns[first: first + BOOTSTRAP_BATCH]
-        done += _replicate_trees(alignment, result, rows, settings, precision, progress)
+        where = f"after {len(done)} of {replicates} replicates"
+        stop_point(stop, save, checkpoint, where)
+        climb = Climb(**climb) if climb is not None else _replicate_starts(alignment, result, rows, settings,
+                                                                           precision)
+        problem = _replicate_problem(alignment, result, rows, settings, precision)
+        while not climb.done:
+            stop_point(stop, save, checkpoint, where)
+            climb.step(lambda _: problem, settings, (lambda best: progress(best)) if progress else None)
+        trees = TreeBatch(*climb.batch[:2], tuple(alignment.taxa)).to_trees(rooted=False)
+        done, climb = done + [(list(t.topology.parent), np.asarray(t.branch_lengths)) for t in trees], None
         if checkpoint is not None:
-            save_checkpoint(checkpoint, done, record)
+            save()
     trees = [Tree(lengths, Topology(tuple(parent), tuple(alignment.taxa), rooted=False)) for parent, lengths in done]
     found = [set(splits(t)) for t in trees]
     supports = {split: 100.0 * np.mean([split in f for f in found]) for split in splits(result.tree)}
     return supports, trees
 
 
-def _replicate_trees(alignment, result, columns, settings, precision, progress) -> list[tuple[list, np.ndarray]]:
-    """NNI-climbed trees (`(parent list, branch lengths)`, unrooted) of one batch of resampled column sets."""
-    from ._search import Problem, kernel_batch, nni_climb, optimise_lengths
+def _replicate_problem(alignment, result, columns, settings, precision):
+    """The search problem of one batch of resampled column sets: one row of pattern counts per replicate."""
+    from ._search import Problem
 
     patterns = alignment.site_patterns()
+    counts = np.stack([np.bincount(patterns.site_pattern[row], minlength=patterns.num_patterns) for row in columns])
+    data = pattern_data(alignment, TreeBatch(None, None, tuple(alignment.taxa)))  # tips in the alignment's order
+    dtype = PRECISIONS[precision]
+    widths = phase_widths(len(alignment.taxa), max_step_width(result.model, data, dtype, 2 * len(columns)))
+    return Problem(result.model, data, jnp.asarray(counts, dtype), widths, dtype, settings.lengths_method)
+
+
+def _replicate_starts(alignment, result, columns, settings, precision):
+    """Each replicate's BIONJ tree with branch lengths fitted to its columns, as a climb (NNIs only) to run."""
+    from ._search import Climb, kernel_batch, optimise_lengths
+
     starts = []
     for row in columns:
-        resampled = _resampled(alignment, row)
-        tree = bionj(distances(resampled, saturated=5.0), alignment.taxa)
+        tree = bionj(distances(_resampled(alignment, row), saturated=5.0), alignment.taxa)
         starts.append(tree.with_branch_lengths(np.clip(np.asarray(tree.branch_lengths, float), 1e-3, 1.0)))
-    counts = np.stack([np.bincount(patterns.site_pattern[row], minlength=patterns.num_patterns) for row in columns])
     batch = kernel_batch(starts)
-    data = pattern_data(alignment, batch)
-    dtype = PRECISIONS[precision]
-    widths = phase_widths(batch.num_tips, max_step_width(result.model, data, dtype, 2 * len(columns)))
-    problem = Problem(result.model, data, jnp.asarray(counts, dtype), widths, dtype, settings.lengths_method)
-    fixed = fixed_branches(batch.parents)
-    lengths, log_l = optimise_lengths(batch.parents, batch.branch_lengths, fixed, problem)
-    parents, lengths, _ = nni_climb(batch.parents, lengths, log_l, fixed, problem, settings,
-                                    (lambda best: progress(best)) if progress else None)
-    trees = TreeBatch(parents, lengths, batch.taxa).to_trees(rooted=False)
-    return [(list(t.topology.parent), np.asarray(t.branch_lengths)) for t in trees]
+    problem = _replicate_problem(alignment, result, columns, settings, precision)
+    lengths, log_l = optimise_lengths(batch.parents, batch.branch_lengths, fixed_branches(batch.parents), problem)
+    return Climb(batch.parents, lengths, log_l, spr=False)
