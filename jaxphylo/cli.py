@@ -8,6 +8,7 @@ import sys
 from contextlib import nullcontext
 
 from ._cli_env import add_env_command
+from ._cli_mcmc import add_mcmc_command
 from ._cli_models import add_models_command
 from ._checkpoint import EXIT_INTERRUPTED, NEVER, Interrupted, StopRequests, parse_duration
 from ._errors import JaxphyloError
@@ -152,10 +153,12 @@ def _ml(args) -> None:
         for stale in (f"{prefix}.ckpt", f"{prefix}.boot.ckpt"):
             Path(stale).unlink(missing_ok=True)
     ml._search.check_checkpoint(f"{prefix}.ckpt", args.resume)  # before the log of a saved run is overwritten
-    log_file = open(f"{prefix}.log", "a" if args.resume else "w")
+    # The log holds what the run found, never how long it took, so that a rerun or a resumed run writes the same
+    # bytes; times and memory go to stderr only. A resumed search replays its saved rounds into the new log.
+    log_file = open(f"{prefix}.log", "w")
 
-    def log(text):
-        print(text, file=sys.stderr, flush=True)
+    def log(text, aside=""):
+        print(text + aside, file=sys.stderr, flush=True)
         log_file.write(text + "\n")
         log_file.flush()
 
@@ -174,7 +177,8 @@ def _ml(args) -> None:
     began = time.perf_counter()
     result = ml.search(alignment, args.model, start, starts=args.starts, seed=args.seed, settings=settings,
                        precision=args.precision, checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop,
-                       progress=lambda r, best, seconds: log(f"round {r}\tbest log L {best:.4f}\t{seconds:.1f} s"))
+                       progress=lambda r, best, seconds: log(f"round {r}\tbest log L {best:.4f}",
+                                                             "" if seconds is None else f"\t{seconds:.1f} s"))
     labelled, supports = [], {}
     if args.alrt:
         log(f"# SH-aLRT with {args.alrt} RELL replicates")
@@ -188,18 +192,17 @@ def _ml(args) -> None:
         labelled.append(ml.with_supports(result.tree, supports["bootstrap"]))
     tree = ml._support.combine_labels(result.tree, *labelled) if labelled else result.tree
     jp.write_tree(tree, f"{prefix}.treefile")
-    seconds = time.perf_counter() - began
     summary = {
         "log_likelihood": result.log_likelihood, "model": result.model_string, "parameters": result.parameters,
-        "tree": open(f"{prefix}.treefile").read().strip(), "seconds": seconds, "search_rounds": result.search_rounds,
+        "tree": open(f"{prefix}.treefile").read().strip(), "search_rounds": result.search_rounds,
         "support_labels": "/".join({"sh_alrt": "SH-aLRT", "bootstrap": "bootstrap"}[k] for k in supports) or None,
         "settings": {"starts": args.starts, "seed": args.seed, "patience": args.patience, "batch": args.batch,
                      "radius": args.radius, "precision": args.precision},
     }
     with open(f"{prefix}.json", "w") as handle:
         json.dump(summary, handle, indent=1)
-    log(f"# log L {result.log_likelihood:.4f}; {result.model_string}; {seconds:.1f} s; "
-        f"peak memory {peak_memory_text()}")
+    log(f"# log L {result.log_likelihood:.4f}; {result.model_string}",
+        f"; {time.perf_counter() - began:.1f} s; peak memory {peak_memory_text()}")
     log(f"# {prefix}.treefile, {prefix}.json, {prefix}.log")
     log_file.close()
     print(f"{result.log_likelihood:.6f}")
@@ -396,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     coevolution.add_argument("--out", "-o", required=True, help="output prefix: PREFIX.tsv and PREFIX.png")
     coevolution.set_defaults(run=_coevolution)
     add_models_command(commands)
+    add_mcmc_command(commands)
     add_env_command(commands)
     return parser
 

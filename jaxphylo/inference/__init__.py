@@ -3,6 +3,8 @@
 from ..likelihood import PatternData, pattern_data
 from ._analysis import Analysis, Prepared, prepare, sample_tip_heights, unrooted
 from ._distribution import PhyloCTMC
+from ._mc3 import MC3Settings
+from ._mc3_run import MC3Result, mc3
 from ._model_priors import MRBAYES_PRIORS, default_priors, initial_values, sample_model
 from ._time_tree import (
     TimeTree, branch_durations, heights_from_tree, heights_to_ratios, node_anchors, ratio_log_jacobian,
@@ -13,6 +15,9 @@ from ._tree_priors import (
 )
 
 __all__ = [
+    "MC3Result",
+    "MC3Settings",
+    "mc3",
     "PhyloCTMC", "PatternData", "pattern_data", "Analysis", "Prepared", "prepare", "unrooted",
     "sample_model", "initial_values", "default_priors", "MRBAYES_PRIORS",
     "TimeTree", "time_tree", "ratios_to_heights", "heights_to_ratios", "ratio_log_jacobian",

@@ -133,10 +133,21 @@ def _pattern_log_likelihoods(model: Model, branch_lengths, data: PatternData, sc
 
 
 @eqx.filter_jit
-def _batch_pattern_log_likelihoods(model: Model, parents, branch_lengths, data: PatternData, widths, dtype):
-    """`[B, patterns]`: the schedule is built on the device, so topologies are data."""
+def _batch_pattern_log_likelihoods(model: Model, parents, branch_lengths, data: PatternData, widths, dtype,
+                                   per_tree_models: bool = False):
+    """`[B, patterns]`: the schedule is built on the device, so topologies are data.
+
+    With `per_tree_models` every leaf of `model` has a leading `[B]` axis: tree
+    `b` is evaluated under model `b` (MC³ chains each carry their parameters);
+    only the small per-model arrays are vmapped, the kernel sees one batch.
+    """
     schedule = device_schedule(parents, widths)
-    arrays = kernel_arrays(model, batch_layout_lengths(branch_lengths, schedule), data, dtype)
+    lengths = batch_layout_lengths(branch_lengths, schedule)
+    if per_tree_models:
+        own = jax.vmap(lambda m, l: tuple(x[0] for x in kernel_arrays(m, l[None], data, dtype)[:3]))(model, lengths)
+        arrays = own + (data.tip_codes, data.tip_table.astype(dtype))
+    else:
+        arrays = kernel_arrays(model, lengths, data, dtype)
     return _kernel(arrays, schedule, None)
 
 

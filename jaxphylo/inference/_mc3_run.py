@@ -1,0 +1,266 @@
+"""`mc3`: a Metropolis-coupled MCMC run over trees, from an alignment to MrBayes-style outputs.
+
+Blocks of `MC3Settings.block` samples run on the device (`_mc3.run_block`);
+between blocks the host converts the cold chains' samples to splits and
+lines of the output files, computes ASDSF, reports progress, writes the
+checkpoint, and reads stop requests. The checkpoint holds the whole device
+state, the samples so far and the output files' lengths, so a resumed run
+truncates the files to where the checkpoint was taken and continues: it ends
+with the bytes of a run that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._alignment import Alignment
+from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
+from .._errors import InputError
+from .._schedule import phase_widths
+from .._simulate import random_topology_tree
+from ..likelihood import pattern_data
+from ..likelihood._api import PRECISIONS, max_step_width
+from ..ml._fit import resolve_model
+from ..ml._parameters import ModelCoordinates
+from ..ml._search import kernel_batch
+from ._mc3 import MOVES, MC3Settings, Posterior, initial_state, run_block, state_from_numpy, state_to_numpy
+from ._mc3_summary import (RunSamples, asdsf, consensus_newick, convergence, nexus_header, split_frequencies,
+                           tree_newick)
+
+
+@dataclass
+class MC3Result:
+    """What a run found: per-run samples, split frequencies, ASDSF, acceptance and swap rates."""
+
+    taxa: tuple
+    runs: list
+    column_names: list
+    settings: MC3Settings
+    asdsf: float
+    asdsf_trace: list  # (generation, ASDSF) after every block
+    acceptance: dict  # move -> acceptance rate over all chains
+    swap_rates: np.ndarray  # [runs, chains, chains]: accepted / tried, by heat index pair
+    generations: int
+    seconds: float
+
+    def split_frequencies(self) -> dict:
+        return split_frequencies(self.runs, self.settings.burnin)
+
+    def consensus(self) -> str:
+        return consensus_newick(self.runs, self.taxa, self.settings.burnin)
+
+    def convergence(self) -> list[dict]:
+        return convergence(self.runs, self.column_names, self.settings.burnin)
+
+
+def mc3(
+    alignment: Alignment,
+    model: str,
+    runs: int = 2,
+    chains: int = 4,
+    generations: int = 100_000,
+    *,
+    sample_every: int = 100,
+    temperature: float = 0.1,
+    stop_asdsf: float | None = None,
+    seed: int = 0,
+    priors: dict | None = None,
+    precision: str = "float64",
+    settings: MC3Settings | None = None,
+    out=None,
+    resume: bool = False,
+    progress=None,
+    stop=NEVER,
+    prior_only: bool = False,
+) -> MC3Result:
+    """Metropolis-coupled MCMC over unrooted trees, branch lengths and model parameters (see `_mc3`).
+
+    `runs` independent runs of `chains` chains each (one cold, the others
+    heated with `beta_i = 1 / (1 + temperature i)`), `generations` per chain,
+    the cold chains sampled every `sample_every`. With `stop_asdsf` the run
+    ends at the first block where ASDSF (MrBayes's: 25% burn-in, splits of
+    frequency >= 0.1) falls below it. `out` (a folder) receives
+    `run{r}.trees`, `run{r}.log`, and at the end `splits.tsv`,
+    `consensus.tree`, `map.tree` and `summary.json`, and `checkpoint.pkl` after
+    every block (`resume=True` continues it). `progress(generation, cold log
+    L per run, ASDSF)` is called after every block. `prior_only` drops the
+    likelihood (a test of the moves: the samples must follow the prior).
+    """
+    settings = settings or MC3Settings(runs=runs, chains=chains, generations=generations, sample_every=sample_every,
+                                       temperature=temperature, stop_asdsf=stop_asdsf)
+    taxa = tuple(alignment.taxa)
+    if len(taxa) < 4:
+        raise InputError(f"{alignment.source}: MC³ over unrooted trees needs at least 4 taxa, not {len(taxa)}")
+    template, free = resolve_model(model, alignment)
+    coordinates = ModelCoordinates(template, free)
+    b = settings.runs * settings.chains
+    starts = kernel_batch([random_topology_tree(taxa, seed=seed * 7919 + k) for k in range(b)])
+    data = pattern_data(alignment, starts)
+    dtype = PRECISIONS[precision]
+    widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b))
+    posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only)
+    params = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
+    state = initial_state((starts.parents, starts.branch_lengths), params, posterior, settings, seed)
+    names = ["LnL", "LnPr", "TL"] + _parameter_names(coordinates)
+    record = {"alignment": alignment_digest(alignment), "model": str(model), "seed": seed, "precision": precision,
+              "priors": repr(sorted((priors or {}).items())), "prior_only": prior_only,
+              "settings": {k: str(v) for k, v in asdict(settings).items()}}
+    files = _OutputFiles(out, settings.runs, taxa, names)
+    samples = [RunSamples() for _ in range(settings.runs)]
+    trace: list = []
+    checkpoint = None if out is None else Path(out) / "checkpoint.pkl"
+    if checkpoint is not None:
+        _check_run_folder(Path(out), resume)
+    if resume:
+        saved = load_checkpoint(checkpoint, record)
+        state, trace = state_from_numpy(saved["state"], state), saved["trace"]
+        samples = [RunSamples.from_plain(plain) for plain in saved["samples"]]
+        files.truncate(saved["sizes"])
+    else:
+        files.start()
+
+    def save():
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, {"state": state_to_numpy(state), "samples": [s.to_plain() for s in samples],
+                                         "trace": trace,
+                                         "sizes": files.sizes()}, record)
+
+    total = settings.generations // settings.sample_every
+    import time
+
+    began = time.perf_counter()
+    while len(samples[0].generations) < total and not _converged(trace, settings):
+        stop_point(stop, save, checkpoint, f"after {int(state.generation)} generations")
+        count = min(settings.block, total - len(samples[0].generations))
+        state, block = run_block(state, posterior, settings, jnp.asarray(count))
+        _collect(block, count, int(state.generation), settings, coordinates, taxa, samples, files)
+        trace.append((int(state.generation), asdsf(samples, settings.burnin, settings.min_split_frequency)))
+        save()
+        if progress is not None:
+            progress(trace[-1][0], [s.columns[-1][0] for s in samples], trace[-1][1])
+    result = _result(state, samples, names, settings, trace, taxa, time.perf_counter() - began)
+    if out is not None:
+        files.finish(result)
+    return result
+
+
+def _converged(trace, settings: MC3Settings) -> bool:
+    return settings.stop_asdsf is not None and bool(trace) and trace[-1][1] < settings.stop_asdsf
+
+
+def _check_run_folder(out: Path, resume: bool) -> None:
+    if resume and not (out / "checkpoint.pkl").exists():
+        raise InputError(f"{out}: nothing to resume (no checkpoint.pkl)")
+    if not resume and (out / "checkpoint.pkl").exists():
+        raise InputError(f"{out} holds a run: continue it with --resume, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _parameter_names(coordinates: ModelCoordinates) -> list[str]:
+    values = coordinates.named_values(coordinates.start())
+    names = []
+    for name, value in sorted(values.items()):  # sorted, as the vmapped values come back in `_collect`
+        size = int(np.size(value))
+        names += [name] if size == 1 else [f"{name}.{i + 1}" for i in range(size)]
+    return names
+
+
+def _collect(block, count, generation, settings, coordinates, taxa, samples, files) -> None:
+    """The block's first `count` samples of every run's cold chain, to the host lists and the output files."""
+    parents, lengths = np.asarray(block.parents), np.asarray(block.lengths)
+    log_l, log_prior = np.asarray(block.log_likelihood), np.asarray(block.log_prior)
+    named = jax.vmap(jax.vmap(coordinates.named_values))(block.params) if jax.tree.leaves(block.params) else {}
+    named = {k: np.asarray(v).reshape(v.shape[:2] + (-1,)) for k, v in named.items()}
+    first = generation - (count - 1) * settings.sample_every  # generations are 1-based at the sample
+    for i in range(count):
+        g = first + i * settings.sample_every
+        for r, run in enumerate(samples):
+            free = lengths[i, r][parents[i, r] >= 0]
+            values = [log_l[i, r], log_prior[i, r], free.sum()] + [x for _, v in sorted(named.items())
+                                                                   for x in v[i, r]]
+            run.add(g, parents[i, r], lengths[i, r], taxa, values)
+            files.write_sample(r, g, parents[i, r], lengths[i, r], values)
+
+
+def _result(state, samples, names, settings, trace, taxa, seconds) -> MC3Result:
+    proposed, accepted = np.asarray(state.proposed).sum(0), np.asarray(state.accepted).sum(0)
+    acceptance = {m: float(a / p) for m, p, a in zip(MOVES, proposed, accepted) if p > 0}
+    tried = np.asarray(state.swaps_tried)
+    swap_rates = np.asarray(state.swaps_accepted) / np.maximum(tried, 1)
+    return MC3Result(taxa, samples, names, settings, trace[-1][1] if trace else float("nan"), trace, acceptance,
+                     swap_rates, int(state.generation), seconds)
+
+
+class _OutputFiles:
+    """`run{r}.trees` (NEXUS, translate block) and `run{r}.log` (Tracer), appended sample by sample."""
+
+    def __init__(self, out, runs: int, taxa, names):
+        self.out, self.runs, self.taxa, self.names = None if out is None else Path(out), runs, taxa, names
+
+    def paths(self) -> list[Path]:
+        if self.out is None:
+            return []
+        return [self.out / f"run{r + 1}.{kind}" for r in range(self.runs) for kind in ("trees", "log")]
+
+    def start(self) -> None:
+        for path in self.paths():
+            header = nexus_header(self.taxa) if path.suffix == ".trees" else "Gen\t" + "\t".join(self.names) + "\n"
+            path.write_text(header)
+
+    def sizes(self) -> list[int]:
+        return [path.stat().st_size for path in self.paths()]
+
+    def truncate(self, sizes: list[int]) -> None:
+        for path, size in zip(self.paths(), sizes):
+            with open(path, "r+b") as handle:
+                handle.truncate(size)
+
+    def write_sample(self, run, generation, parent, lengths, values) -> None:
+        if self.out is None:
+            return
+        with open(self.out / f"run{run + 1}.trees", "a") as handle:
+            handle.write(f"\ttree gen.{generation} = [&U] {tree_newick(parent, lengths, self.taxa)}\n")
+        with open(self.out / f"run{run + 1}.log", "a") as handle:
+            handle.write(f"{generation}\t" + "\t".join(f"{v:.10g}" for v in values) + "\n")
+
+    def finish(self, result: MC3Result) -> None:
+        for r in range(self.runs):
+            with open(self.out / f"run{r + 1}.trees", "a") as handle:
+                handle.write("End;\n")
+        frequencies = result.split_frequencies()
+        with open(self.out / "splits.tsv", "w") as handle:
+            handle.write("split\t" + "\t".join(f"run{r + 1}" for r in range(self.runs)) + "\tmean\tsd\n")
+            for split, f in sorted(frequencies.items(), key=lambda item: (-np.mean(item[1]), sorted(item[0]))):
+                sd = np.std(f, ddof=1) if len(f) > 1 else float("nan")
+                handle.write(",".join(sorted(split)) + "\t" + "\t".join(f"{x:.4f}" for x in f) +
+                             f"\t{np.mean(f):.4f}\t{sd:.4f}\n")
+        (self.out / "consensus.tree").write_text(result.consensus() + "\n")
+        (self.out / "map.tree").write_text(_map_tree(result) + "\n")
+        summary = {"asdsf": result.asdsf, "generations": result.generations, "acceptance": result.acceptance,
+                   "swap_rates": result.swap_rates.tolist(), "convergence": result.convergence(),
+                   "asdsf_trace": result.asdsf_trace}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def _map_tree(result: MC3Result) -> str:
+    """The sampled tree (after burn-in, any run) of highest log posterior, in Newick with taxon names."""
+    best = None
+    for run in result.runs:
+        for k in range(len(run.columns))[run.kept(result.settings.burnin)]:
+            value = run.columns[k][0] + run.columns[k][1]
+            if best is None or value > best[0]:
+                best = (value, run, k)
+    _, run, k = best
+    return _splits_newick(run.splits[k], run.tip_lengths[k], result.taxa)
+
+
+def _splits_newick(splits: dict, tips, taxa) -> str:
+    """A tree given by its splits (each with its edge length) and terminal lengths."""
+    one = RunSamples(splits=[splits], tip_lengths=[np.asarray(tips)])
+    return consensus_newick([one], taxa, 0.0, min_frequency=0.5, labels=False)

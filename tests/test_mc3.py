@@ -1,0 +1,183 @@
+"""MC³ over trees: every move against the prior alone, a 5-taxon posterior against numerical integration,
+heat swaps, resume to the same bytes, and the `mcmc` command.
+
+Tolerances: prior checks use 16 independent chains of 2,000 samples each
+(every 5th generation: autocorrelated); a topology frequency within 0.015 of
+1/15 and tree-length moments within 5% (mean) and 15% (variance) are 4-5
+Monte Carlo standard errors of such runs, while a wrong Hastings ratio (for
+example dropping the SPR's `T / A`, or `m` instead of `m^2` in the node
+slider) moves the tree length by 20% or more.
+"""
+
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxphylo as jp
+from jaxphylo._checkpoint import Interrupted
+from jaxphylo.inference._mc3 import MC3Settings
+from jaxphylo.inference._mc3_run import mc3
+from jaxphylo.ml._support import _kernel_splits
+
+TAXA = tuple(f"t{i}" for i in range(5))
+
+
+def topology_key(parent, taxa=TAXA):
+    return frozenset(s for s in _kernel_splits(np.asarray(parent), taxa) if s is not None)
+
+
+def prior_run(moves, model="JC", samples=2000):
+    alignment = jp.simulate(jp.random_topology_tree(TAXA, seed=1), jp.parse_model("JC"), 20, seed=1)
+    settings = MC3Settings(runs=16, chains=1, generations=5 * samples, sample_every=5, tune=0, moves=moves,
+                           block=500)
+    return mc3(alignment, model, settings=settings, prior_only=True, seed=3)
+
+
+@pytest.mark.parametrize("moves", [
+    {"nni": 1, "branch_multiplier": 1},
+    {"spr": 1, "branch_multiplier": 1},
+    {"spr": 1, "node_slider": 1},
+    {"nni": 1, "tree_length": 1, "branch_multiplier": 1},
+])
+def test_each_move_recovers_the_prior(moves):
+    """Uniform topologies (15 for 5 taxa) and i.i.d. Exponential(10) edges: tree length ~ Gamma(7, 10)."""
+    result = prior_run(moves)
+    counts = {}
+    for run in result.runs:
+        for sample in run.splits:
+            key = frozenset(sample)
+            counts[key] = counts.get(key, 0) + 1
+    frequencies = np.array(list(counts.values())) / sum(counts.values())
+    assert len(frequencies) == 15 and np.max(np.abs(frequencies - 1 / 15)) < 0.015, frequencies
+    lengths = np.concatenate([np.asarray(run.columns)[:, 2] for run in result.runs])
+    assert lengths.mean() == pytest.approx(0.7, rel=0.05)
+    assert lengths.var() == pytest.approx(0.07, rel=0.15)
+    edges = np.concatenate([np.asarray(run.tip_lengths).ravel() for run in result.runs])
+    assert np.mean(edges > 0.3) == pytest.approx(np.exp(-3.0), abs=0.01)  # P(Exp(10) > 0.3)
+
+
+def test_parameter_walk_recovers_the_model_priors():
+    """GTR+FO+G4 alone: Dirichlet(1,1,1,1) frequencies (mean 1/4, sd 0.194), Exponential(1) Gamma shape."""
+    result = prior_run({"parameters": 3, "nni": 1}, model="GTR+FO+G4", samples=3000)
+    names = result.column_names
+    table = np.concatenate([np.asarray(run.columns)[600:] for run in result.runs])
+    shape = table[:, names.index("gamma_shape")]
+    assert shape.mean() == pytest.approx(1.0, abs=0.1) and shape.std() == pytest.approx(1.0, rel=0.15)
+    first = table[:, names.index("frequencies.1")]
+    assert first.mean() == pytest.approx(0.25, abs=0.02) and first.std() == pytest.approx(0.1936, rel=0.1)
+
+
+@pytest.fixture(scope="module")
+def five_taxa():
+    """A 5-taxon alignment whose posterior spreads over several topologies (a short internal edge)."""
+    tree = jp.parse_newick("((t0:0.1,t1:0.1):0.01,t2:0.1,(t3:0.1,t4:0.1):0.05);")
+    return jp.simulate(tree, jp.parse_model("JC"), 60, seed=4)
+
+
+def exact_topology_posterior(alignment, draws=10_000, seed=0):
+    """P(topology | data) under JC, uniform topologies and Exponential(10) edges, by importance sampling each
+    topology's marginal likelihood over its 7 edge lengths (a log-normal proposal around the ML lengths)."""
+    from itertools import permutations
+
+    topologies = {}
+    for x, a, b, c, d in permutations(TAXA):  # every unrooted 5-taxon tree: (x, a), (b, c), d at the centre
+        tree = jp.parse_newick(f"(({x}:0.1,{a}:0.1):0.1,({b}:0.1,{c}:0.1):0.1,{d}:0.1);")
+        batch = jp.TreeBatch.from_trees([tree])
+        topologies.setdefault(topology_key(batch.parents[0], batch.taxa), tree)
+    assert len(topologies) == 15
+    rng = np.random.default_rng(seed)
+    model = jp.parse_model("JC")
+    log_z = {}
+    for key, tree in topologies.items():
+        fitted = jp.ml.fit(alignment, tree, "JC")
+        centre = np.log(np.maximum(np.asarray(fitted.tree.branch_lengths), 1e-3) + 0.005)
+        lengths = np.exp(centre + 0.6 * rng.standard_normal((draws, centre.size)))
+        lengths[:, -1] = 0.0  # the root's own (unused) branch
+        log_proposal = (-0.5 * ((np.log(lengths[:, :-1]) - centre[:-1]) / 0.6) ** 2 - np.log(lengths[:, :-1])
+                        - np.log(0.6 * np.sqrt(2 * np.pi))).sum(1)
+        log_prior = (np.log(10.0) - 10.0 * lengths[:, :-1]).sum(1)
+        batch = jp.TreeBatch.from_trees([fitted.tree])
+        data = jp.likelihood.pattern_data(alignment, batch)
+        trees = jp.TreeBatch(jnp.broadcast_to(batch.parents, (draws,) + batch.parents.shape[1:]),
+                             jnp.asarray(_kernel_lengths(fitted.tree, lengths)), batch.taxa)
+        log_l = np.asarray(jp.likelihood.batch_data_log_likelihoods(data, trees, model))
+        log_w = log_l + log_prior - log_proposal
+        log_z[key] = np.logaddexp.reduce(log_w) - np.log(draws)
+    values = np.array(list(log_z.values()))
+    return dict(zip(log_z, np.exp(values - np.logaddexp.reduce(values))))
+
+
+def _kernel_lengths(tree, lengths):
+    """Edge lengths of `tree` (its own branch order) placed where its kernel batch keeps them."""
+    trees = [tree.with_branch_lengths(row) for row in lengths]
+    return np.asarray(jp.TreeBatch.from_trees(trees).branch_lengths)
+
+
+def test_five_taxon_posterior_matches_numerical_integration(five_taxa):
+    exact = exact_topology_posterior(five_taxa)
+    result = mc3(five_taxa, "JC", runs=2, chains=3, generations=20_000, sample_every=10, seed=1)
+    found = {}
+    for run in result.runs:
+        kept = run.splits[run.kept(0.25)]
+        for sample in kept:
+            key = frozenset(sample)
+            found[key] = found.get(key, 0) + 1
+    total = sum(found.values())
+    difference = max(abs(found.get(k, 0) / total - p) for k, p in exact.items())
+    assert max(exact.values()) < 0.7  # the test means something: the posterior is not one tree
+    assert difference < 0.04, (sorted(exact.values())[-4:], difference)
+    print(f"largest topology probability {max(exact.values()):.3f}, largest difference {difference:.4f}")
+
+
+def test_heat_swaps_are_tried_between_every_pair_and_reported(five_taxa):
+    result = mc3(five_taxa, "JC", runs=2, chains=3, generations=2000, sample_every=20, seed=2)
+    rates = result.swap_rates
+    assert rates.shape == (2, 3, 3) and np.all(rates[:, 0, 1] > 0) and np.all(rates <= 1)
+    assert result.acceptance.keys() >= {"nni", "spr", "branch_multiplier", "tree_length", "node_slider"}
+
+
+class StopAfter:
+    def __init__(self, reads):
+        self.reads = reads
+
+    @property
+    def reason(self):
+        self.reads -= 1
+        return "test stop" if self.reads < 0 else None
+
+
+def test_stopped_and_resumed_run_ends_with_the_same_files(five_taxa, tmp_path):
+    settings = MC3Settings(runs=2, chains=2, generations=1200, sample_every=20, block=10)
+    whole = mc3(five_taxa, "HKY+G4", settings=settings, seed=5, out=tmp_path / "whole")
+    with pytest.raises(Interrupted, match="after 200 generations"):
+        mc3(five_taxa, "HKY+G4", settings=settings, seed=5, out=tmp_path / "parts", stop=StopAfter(1))
+    with pytest.raises(jp.InputError, match="holds a run"):
+        mc3(five_taxa, "HKY+G4", settings=settings, seed=5, out=tmp_path / "parts")
+    with pytest.raises(Interrupted):
+        mc3(five_taxa, "HKY+G4", settings=settings, seed=5, out=tmp_path / "parts", resume=True, stop=StopAfter(2))
+    resumed = mc3(five_taxa, "HKY+G4", settings=settings, seed=5, out=tmp_path / "parts", resume=True)
+    assert resumed.generations == whole.generations == 1200
+    for name in ("run1.trees", "run2.log", "splits.tsv", "consensus.tree", "map.tree", "checkpoint.pkl"):
+        assert (tmp_path / "parts" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    other = MC3Settings(runs=2, chains=2, generations=1200, sample_every=20, block=10, temperature=0.2)
+    with pytest.raises(jp.InputError, match="settings.temperature was '0.1' there"):
+        mc3(five_taxa, "HKY+G4", settings=other, seed=5, out=tmp_path / "parts", resume=True)
+
+
+def test_mcmc_command_writes_mrbayes_style_outputs(five_taxa, tmp_path):
+    path = tmp_path / "five.fasta"
+    path.write_text("".join(f">{t}\n{s}\n" for t, s in zip(five_taxa.taxa, five_taxa.sequences)))
+    result = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "mcmc", str(path), "-m", "JC", "--generations",
+                             "2000", "--sample-every", "20", "--out", str(tmp_path / "run"), "--stop-asdsf", "0.5"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "ASDSF" in result.stdout and "swap acceptance" in result.stdout and "generation" in result.stderr
+    tree = jp.read_tree(tmp_path / "run" / "consensus.tree")
+    assert set(tree.taxa) == set(TAXA)
+    assert (tmp_path / "run" / "run1.trees").read_text().rstrip().endswith("End;")
+    bad = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "mcmc", str(path), "-m", "HKY+Q"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
