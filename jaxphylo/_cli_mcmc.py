@@ -28,6 +28,8 @@ def add_mcmc_command(subparsers) -> None:
     mcmc.add_argument("--resume", action="store_true", help="continue the run saved in --out")
     mcmc.add_argument("--data-type", choices=("dna", "protein", "codon"), default=None)
     mcmc.add_argument("--precision", choices=("float64", "float32"), default="float64")
+    mcmc.add_argument("--dry-run", action="store_true",
+                      help="print the data sizes, memory per device and the time of one evaluation; then exit")
     mcmc.add_argument("--max-time", help="stop, saved, after this long (e.g. 23h); SIGTERM, SIGINT, SIGUSR1 too")
     mcmc.set_defaults(run=run_mcmc)
 
@@ -42,6 +44,9 @@ def run_mcmc(args) -> None:
     settings = MC3Settings(runs=args.runs, chains=args.chains, generations=args.generations,
                            sample_every=args.sample_every, temperature=args.temperature, stop_asdsf=args.stop_asdsf,
                            block=args.block)
+    _plan(alignment, args, settings.runs * settings.chains)  # every chain's tree is evaluated at once
+    if args.dry_run:
+        return
 
     def progress(generation, cold, value):
         lnl = "  ".join(f"{x:.2f}" for x in cold)
@@ -50,6 +55,18 @@ def run_mcmc(args) -> None:
     result = mc3(alignment, args.model, settings=settings, seed=args.seed, precision=args.precision, out=args.out,
                  resume=args.resume, progress=progress, stop=args.stop)
     print(summary_text(result))
+
+
+def _plan(alignment, args, batch: int) -> None:
+    """`--dry-run`'s report, or a stop before starting when the chains' trees cannot fit in memory."""
+    import jaxphylo as jp
+    from jaxphylo._resources import plan
+    from jaxphylo.likelihood import pattern_data
+
+    tree = jp.random_topology_tree(alignment.taxa, seed=args.seed)
+    model, _ = jp.ml._fit.resolve_model(args.model, alignment)
+    plan(pattern_data(alignment, tree), tree, model, args.precision, batch, args.dry_run, alignment.num_sites,
+         log=lambda text: print(text, file=sys.stderr))
 
 
 def summary_text(result) -> str:

@@ -178,6 +178,10 @@ def test_mcmc_command_writes_mrbayes_style_outputs(five_taxa, tmp_path):
     tree = jp.read_tree(tmp_path / "run" / "consensus.tree")
     assert set(tree.taxa) == set(TAXA)
     assert (tmp_path / "run" / "run1.trees").read_text().rstrip().endswith("End;")
+    dry = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "mcmc", str(path), "-m", "JC", "--dry-run",
+                          "--out", str(tmp_path / "unused")], capture_output=True, text=True, timeout=600)
+    assert dry.returncode == 0 and "5 taxa" in dry.stderr and "one likelihood-and-gradient" in dry.stderr, dry.stderr
+    assert not (tmp_path / "unused").exists()
     bad = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "mcmc", str(path), "-m", "HKY+Q"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
