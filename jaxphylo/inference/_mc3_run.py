@@ -12,6 +12,7 @@ with the bytes of a run that never stopped.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -132,8 +133,6 @@ def mc3(
                                          "sizes": files.sizes()}, record)
 
     total = settings.generations // settings.sample_every
-    import time
-
     began = time.perf_counter()
     while len(samples[0].generations) < total and not _converged(trace, settings):
         stop_point(stop, save, checkpoint, f"after {int(state.generation)} generations")
