@@ -45,6 +45,18 @@ def iqtree_log_likelihood(alignment_path, tree_path, model: str, workdir: Path, 
     raise AssertionError("IQ-TREE printed no log-likelihood")
 
 
+class StopAfter:
+    """A stop request that fires on its (reads + 1)-th reading, as a signal arriving mid-run would."""
+
+    def __init__(self, reads: int):
+        self.reads = reads
+
+    @property
+    def reason(self):
+        self.reads -= 1
+        return "test stop" if self.reads < 0 else None
+
+
 def write_fasta(alignment, path: Path) -> Path:
     with open(path, "w") as handle:
         for name, sequence in zip(alignment.taxa, alignment.sequences):

@@ -22,6 +22,8 @@ from jaxphylo.inference._mc3 import MC3Settings
 from jaxphylo.inference._mc3_run import mc3
 from jaxphylo.ml._support import _kernel_splits
 
+from conftest import StopAfter
+
 TAXA = tuple(f"t{i}" for i in range(5))
 
 
@@ -137,16 +139,6 @@ def test_heat_swaps_are_tried_between_every_pair_and_reported(five_taxa):
     rates = result.swap_rates
     assert rates.shape == (2, 3, 3) and np.all(rates[:, 0, 1] > 0) and np.all(rates <= 1)
     assert result.acceptance.keys() >= {"nni", "spr", "branch_multiplier", "tree_length", "node_slider"}
-
-
-class StopAfter:
-    def __init__(self, reads):
-        self.reads = reads
-
-    @property
-    def reason(self):
-        self.reads -= 1
-        return "test stop" if self.reads < 0 else None
 
 
 def test_stopped_and_resumed_run_ends_with_the_same_files(five_taxa, tmp_path):

@@ -30,7 +30,7 @@ from jaxphylo._schedule import phase_widths
 from jaxphylo.likelihood import batch_data_log_likelihoods, pattern_data
 from jaxphylo.ml._nni import apply_nnis, nni_scores
 from jaxphylo.ml._search import kernel_batch
-from conftest import dataset, require, write_fasta
+from conftest import StopAfter, dataset, require, write_fasta
 
 
 def iqtree_fit(alignment_path, tree_path, model, workdir, data_type=None) -> float:
@@ -157,18 +157,6 @@ def test_supports_are_high_on_true_branches(simulated):
     assert len(replicates) == 20
     labelled = ml.with_supports(result.tree, boot)
     assert sum(label is not None for label in labelled.topology.labels) == len(true_splits)
-
-
-class StopAfter:
-    """A stop request that fires on its (reads + 1)-th reading, as a signal arriving mid-run would."""
-
-    def __init__(self, reads: int):
-        self.reads = reads
-
-    @property
-    def reason(self):
-        self.reads -= 1
-        return "test stop" if self.reads < 0 else None
 
 
 def test_interrupted_search_resumes_to_the_uninterrupted_result(simulated, tmp_path):
