@@ -96,18 +96,8 @@ def mc3(
     settings = settings or MC3Settings(runs=runs, chains=chains, generations=generations, sample_every=sample_every,
                                        temperature=temperature, stop_asdsf=stop_asdsf)
     taxa = tuple(alignment.taxa)
-    if len(taxa) < 4:
-        raise InputError(f"{alignment.source}: MC³ over unrooted trees needs at least 4 taxa, not {len(taxa)}")
-    template, free = resolve_model(model, alignment)
-    coordinates = ModelCoordinates(template, free)
-    b = settings.runs * settings.chains
-    starts = kernel_batch([random_topology_tree(taxa, seed=seed * 7919 + k) for k in range(b)])
-    data = pattern_data(alignment, starts)
-    dtype = PRECISIONS[precision]
-    widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b))
-    posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only)
-    params = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
-    state = initial_state((starts.parents, starts.branch_lengths), params, posterior, settings, seed)
+    posterior, state = starting_state(alignment, model, settings, seed, priors, precision, prior_only)
+    coordinates = posterior.coordinates
     names = ["LnL", "LnPr", "TL"] + _parameter_names(coordinates)
     record = {"alignment": alignment_digest(alignment), "model": str(model), "seed": seed, "precision": precision,
               "priors": repr(sorted((priors or {}).items())), "prior_only": prior_only,
@@ -147,6 +137,24 @@ def mc3(
     if out is not None:
         files.finish(result)
     return result
+
+
+def starting_state(alignment: Alignment, model: str, settings: MC3Settings, seed: int = 0, priors=None,
+                   precision: str = "float64", prior_only: bool = False) -> tuple[Posterior, object]:
+    """The posterior of `alignment` under `model` and every chain's first state (random topologies)."""
+    taxa = tuple(alignment.taxa)
+    if len(taxa) < 4:
+        raise InputError(f"{alignment.source}: MC³ over unrooted trees needs at least 4 taxa, not {len(taxa)}")
+    template, free = resolve_model(model, alignment)
+    coordinates = ModelCoordinates(template, free)
+    b = settings.runs * settings.chains
+    starts = kernel_batch([random_topology_tree(taxa, seed=seed * 7919 + k) for k in range(b)])
+    data = pattern_data(alignment, starts)
+    dtype = PRECISIONS[precision]
+    widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b))
+    posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only)
+    params = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
+    return posterior, initial_state((starts.parents, starts.branch_lengths), params, posterior, settings, seed)
 
 
 def _converged(trace, settings: MC3Settings) -> bool:

@@ -44,7 +44,8 @@ from golden import golden_topology_probabilities, newick_splits, split_probabili
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-DATA = Path("/work/shared/data")
+DATA = next((p for p in (HERE.parents[2] / "shared" / "data", HERE.parents[1] / ".devdata") if p.exists()),
+            Path("/work/shared/data"))
 GOLDEN = DATA / "DS1" / "topology_posterior_pooled.tsv"
 
 MODELS = {
@@ -110,13 +111,15 @@ def sampled_topologies(tree_file: Path) -> list[frozenset]:
     return [newick_splits(t, translate) for t in trees[int(len(trees) * BURNIN):]]
 
 
-def run_part(part: str, seed: int, likelihood: str, ngen: int, workdir: Path) -> tuple[str, dict]:
-    """Run one MrBayes analysis in `workdir`; return its name and its record for the JSON."""
+def run_part(part: str, seed: int, likelihood: str, ngen: int, workdir: Path, data_root: Path = DATA,
+             results: Path = RESULTS, golden: bool = True) -> tuple[str, dict]:
+    """Run one MrBayes analysis in `workdir`; return its name and its record for the JSON (screen log and
+    consensus tree copied to `results`)."""
     data, model, _, stoprule = PARTS[part]
     name = f"{part}_{likelihood}" + (f"_seed{seed}" if seed != 1 else "")
     folder = workdir / name
     folder.mkdir()
-    taxa = write_nexus(DATA / data / "alignment.fasta", folder / "data.nex")
+    taxa = write_nexus(data_root / data / "alignment.fasta", folder / "data.nex")
     block = mrbayes_block(name, model, ngen, stoprule, seed, likelihood)
     (folder / "run.nex").write_text("#NEXUS\n" + block)
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -125,17 +128,17 @@ def run_part(part: str, seed: int, likelihood: str, ngen: int, workdir: Path) ->
                           capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     log = proc.stdout + proc.stderr
-    (RESULTS / f"{name}.log").write_text(log)
+    (results / f"{name}.log").write_text(log)
     if proc.returncode != 0 or "Analysis completed" not in log:
-        raise RuntimeError(f"MrBayes failed in {folder}; see {RESULTS / (name + '.log')}")
+        raise RuntimeError(f"MrBayes failed in {folder}; see {results / (name + '.log')}")
     gens, asdsf = last_diagnostics(folder / f"{name}.mcmc")
     (folder / "sumt.nex").write_text(
         f"#NEXUS\nbegin mrbayes;\n  set autoclose=yes nowarn=yes;\n  execute data.nex;\n"
         f"  sumt filename={name} nruns=2 relburnin=yes burninfrac=0.25;\n  quit;\nend;\n")
     subprocess.run(["mb", "sumt.nex"], cwd=folder, stdin=subprocess.DEVNULL, capture_output=True)
-    shutil.copy(folder / f"{name}.con.tre", RESULTS / f"{name}.con.tre")
+    shutil.copy(folder / f"{name}.con.tre", results / f"{name}.con.tre")
     result = {
-        "data": str(DATA / data / "alignment.fasta"), "ntax": len(taxa), "model": model,
+        "data": str(data_root / data / "alignment.fasta"), "ntax": len(taxa), "model": model,
         "likelihood": likelihood, "command": f"mb run.nex  # run.nex:\n{block}",
         "stoprule": stoprule, "ngen_requested": ngen, "generations": gens,
         "stopped_by_rule": "convergence diagnostic hit stop value" in log,
@@ -146,7 +149,7 @@ def run_part(part: str, seed: int, likelihood: str, ngen: int, workdir: Path) ->
         "mrbayes_version": re.search(r"MrBayes\s+(\S+)", log).group(1),
         "consensus_tree": f"results/{name}.con.tre",
     }
-    if data == "DS1":
+    if data == "DS1" and golden:
         result["golden_comparison"] = compare_to_golden(folder, name)
     return name, result
 

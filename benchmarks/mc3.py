@@ -1,0 +1,151 @@
+"""MC³ speed beside MrBayes 3.2 on the same machine, in the same run: wall time to ASDSF < 0.01, generations per
+second, and where a generation's time goes.
+
+    python benchmarks/mc3.py [--cases DS1 carnivores] [--max-generations 1000000] [--no-mrbayes]
+
+Both programs run 2 runs x 4 chains, heating 0.1, a sample every 100
+generations, ASDSF over splits >= 0.1 after 25% burn-in, checked every 1,000
+generations by MrBayes and after every block (`--block` samples) by jaxphylo.
+DS1: JC69 (MrBayes `nst=1`, equal frequencies). carnivores: HKY+G4 with
+MrBayes's priors (Dirichlet(1) frequencies, Beta(1, 1) on kappa/(1+kappa),
+Exponential(1) shape): jaxphylo's `HKY+FO+G4` with `MRBAYES_PRIORS`. MrBayes
+uses BEAGLE's CPU SSE kernel in double precision, one thread (`mb` on the
+path; on the lent GPU machines a copy travels in the git-ignored .devtools/).
+
+Breakdown rows (ms per generation, all 8 chains): the whole generation; the
+moves and priors alone (`prior_only`); one batched likelihood of the 8
+proposed trees alone. Their floor: the likelihood's bytes (partials of 8 trees
+written once and read by their parents) over memory bandwidth.
+Writes benchmarks/results/mc3-<platform>.{json,txt}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+
+import jaxphylo as jp  # noqa: E402
+from _common import SHARED_DATA, device_record, save  # noqa: E402
+from jaxphylo.inference._mc3 import MC3Settings, run_block  # noqa: E402
+from jaxphylo.inference._mc3_run import starting_state  # noqa: E402
+from jaxphylo.inference._model_priors import MRBAYES_PRIORS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "validation" / "mc3"))
+CASES = {"DS1": ("JC", "JC69"), "carnivores": ("HKY+FO+G4", "HKY+G4")}
+
+
+def breakdown(alignment, model, priors, generations: int = 1000) -> dict:
+    """Milliseconds per generation: whole, moves and priors alone, one batched likelihood alone."""
+    settings = MC3Settings(runs=2, chains=4, generations=generations, sample_every=100, block=generations // 100)
+    out = {}
+    for name, prior_only in (("generation_ms", False), ("moves_only_ms", True)):
+        posterior, state = starting_state(alignment, model, settings, priors=priors, prior_only=prior_only)
+        count = jnp.asarray(settings.block)
+        began = time.perf_counter()
+        jax.block_until_ready(run_block(state, posterior, settings, count))
+        compile_s = time.perf_counter() - began
+        began = time.perf_counter()
+        jax.block_until_ready(run_block(state, posterior, settings, count))
+        out[name] = 1e3 * (time.perf_counter() - began) / generations
+        out[name.replace("_ms", "_first_call_s")] = compile_s
+    posterior, state = starting_state(alignment, model, settings, priors=priors)
+
+    @jax.jit
+    def likelihoods(state, posterior):
+        def one(i, total):  # a different edge length every call: nothing to hoist out of the loop
+            edge = state.edge * (1.0 + 1e-3 * i)
+            return total + posterior.log_likelihoods(state.up, edge, state.root, state.params).sum()
+        return jax.lax.fori_loop(0, generations, one, 0.0)
+
+    jax.block_until_ready(likelihoods(state, posterior))
+    began = time.perf_counter()
+    jax.block_until_ready(likelihoods(state, posterior))
+    out["likelihood_ms"] = 1e3 * (time.perf_counter() - began) / generations
+    partials = 8 * (2 * len(alignment.taxa) - 1) * posterior.data.weights.shape[-1] * 4 * 8 * \
+        getattr(posterior.coordinates.template.rate_variation, "num_categories", 1)
+    out["likelihood_bytes"] = 2 * partials
+    return out
+
+
+def ours_to_stop(alignment, model, priors, max_generations: int, block: int, seed: int) -> dict:
+    settings = MC3Settings(runs=2, chains=4, generations=max_generations, sample_every=100, stop_asdsf=0.01,
+                           block=block)
+    began = time.perf_counter()
+    result = jp.inference.mc3(alignment, model, settings=settings, priors=priors, seed=seed)
+    wall = time.perf_counter() - began
+    return {"generations": result.generations, "wall_seconds": wall, "final_asdsf": result.asdsf,
+            "stopped_by_rule": result.asdsf < 0.01, "generations_per_second": result.generations / wall}
+
+
+def mrbayes_to_stop(case: str, max_generations: int, seed: int) -> dict | None:
+    if shutil.which("mb") is None:
+        return None
+    import mrbayes_reference as mb
+
+    part = {"DS1": "ds1_stoprule", "carnivores": "carnivores_fixed"}[case]
+    data, model, _, _ = mb.PARTS[part]
+    mb.PARTS[part] = (data, model, max_generations, True)  # the stop rule for both cases here
+    with tempfile.TemporaryDirectory() as tmp:
+        _, record = mb.run_part(part, seed, "beagle", max_generations, Path(tmp), data_root=SHARED_DATA,
+                                results=Path(tmp), golden=False)
+    return {k: record[k] for k in ("generations", "wall_seconds", "final_asdsf", "stopped_by_rule",
+                                   "generations_per_second", "mrbayes_version")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--max-generations", type=int, nargs="+", default=[1_000_000, 100_000])
+    parser.add_argument("--block", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-mrbayes", action="store_true")
+    parser.add_argument("--no-run", action="store_true", help="breakdown only")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args()
+    record = device_record("mc3")
+    record.update(cpu_count=os.cpu_count(), xla_flags=os.environ.get("XLA_FLAGS", ""))
+    lines = [f"{'case':<11}{'program':<10}{'gens':>9}{'wall s':>9}{'gens/s':>9}{'ASDSF':>8}  ratio (MrBayes s / ours s)"]
+    for case, max_generations in zip(args.cases, args.max_generations * len(args.cases)):
+        ours_model, _ = CASES[case]
+        alignment = jp.read_alignment(SHARED_DATA / case / "alignment.fasta")
+        priors = {k: v() for k, v in MRBAYES_PRIORS.items()} if "HKY" in ours_model else None
+        row = {"case": case, "taxa": len(alignment.taxa), "sites": alignment.num_sites, "model": ours_model}
+        row["breakdown"] = breakdown(alignment, ours_model, priors)
+        print(case, {k: round(v, 4) for k, v in row["breakdown"].items()}, flush=True)
+        if not args.no_run:
+            row["jaxphylo"] = ours_to_stop(alignment, ours_model, priors, max_generations, args.block, args.seed)
+            row["mrbayes"] = None if args.no_mrbayes else mrbayes_to_stop(case, max_generations, args.seed)
+            for program in ("jaxphylo", "mrbayes"):
+                r = row[program]
+                if r is None:
+                    continue
+                ratio = (f"{row['mrbayes']['wall_seconds'] / row['jaxphylo']['wall_seconds']:.2f}"
+                         if program == "jaxphylo" and row["mrbayes"] else "")
+                lines.append(f"{case:<11}{program:<10}{r['generations']:>9}{r['wall_seconds']:>9.1f}"
+                             f"{r['generations_per_second']:>9.0f}{r['final_asdsf']:>8.4f}  {ratio}")
+                print(lines[-1], flush=True)
+        b = row["breakdown"]
+        lines.append(f"{case:<11}per generation: {b['generation_ms']:.3f} ms (moves alone {b['moves_only_ms']:.3f},"
+                     f" batched likelihood alone {b['likelihood_ms']:.3f}; its bytes {b['likelihood_bytes'] / 1e6:.1f}"
+                     f" MB); first block {b['generation_first_call_s']:.1f} s")
+        record["rows"].append(row)
+    text = "\n".join(lines)
+    print("\n" + text)
+    save(record, args.out, "mc3")
+    (Path(args.out) / f"mc3-{record['platform']}.txt").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
