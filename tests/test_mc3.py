@@ -31,9 +31,9 @@ def topology_key(parent, taxa=TAXA):
     return frozenset(s for s in _kernel_splits(np.asarray(parent), taxa) if s is not None)
 
 
-def prior_run(moves, model="JC", samples=2000):
+def prior_run(moves, model="JC", samples=2000, tune=0):
     alignment = jp.simulate(jp.random_topology_tree(TAXA, seed=1), jp.parse_model("JC"), 20, seed=1)
-    settings = MC3Settings(runs=16, chains=1, generations=5 * samples, sample_every=5, tune=0, moves=moves,
+    settings = MC3Settings(runs=16, chains=1, generations=5 * samples, sample_every=5, tune=tune, moves=moves,
                            block=500)
     return mc3(alignment, model, settings=settings, prior_only=True, seed=3)
 
@@ -43,6 +43,9 @@ def prior_run(moves, model="JC", samples=2000):
     {"spr": 1, "branch_multiplier": 1},
     {"spr": 1, "node_slider": 1},
     {"nni": 1, "tree_length": 1, "branch_multiplier": 1},
+    {"espr": 1, "branch_multiplier": 1},
+    {"etbr": 1, "node_slider": 1},
+    {"hmc": 1, "nni": 1},
 ])
 def test_each_move_recovers_the_prior(moves):
     """Uniform topologies (15 for 5 taxa) and i.i.d. Exponential(10) edges: tree length ~ Gamma(7, 10)."""
@@ -61,15 +64,23 @@ def test_each_move_recovers_the_prior(moves):
     assert np.mean(edges > 0.3) == pytest.approx(np.exp(-3.0), abs=0.01)  # P(Exp(10) > 0.3)
 
 
-def test_parameter_walk_recovers_the_model_priors():
-    """GTR+FO+G4 alone: Dirichlet(1,1,1,1) frequencies (mean 1/4, sd 0.194), Exponential(1) Gamma shape."""
-    result = prior_run({"parameters": 3, "nni": 1}, model="GTR+FO+G4", samples=3000)
+@pytest.mark.parametrize("moves", [{"parameters": 3, "nni": 1}, {"hmc": 1, "nni": 1}])
+def test_parameter_moves_recover_the_model_priors(moves):
+    """GTR+FO+I+G4 alone: Dirichlet(1) frequencies (marginal mean 1/4, sd 0.194) and exchangeabilities (1/6,
+    0.141), Exponential(1) Gamma shape, Uniform(0, 1) +I (mean 1/2, sd 0.289); by MrBayes's moves (Dirichlet,
+    multiplier, sliding window) and by the HMC move."""
+    result = prior_run(moves, model="GTR+FO+I+G4", samples=3000, tune=2000)  # tuned, then 1,000 more discarded
     names = result.column_names
     table = np.concatenate([np.asarray(run.columns)[600:] for run in result.runs])
-    shape = table[:, names.index("gamma_shape")]
-    assert shape.mean() == pytest.approx(1.0, abs=0.1) and shape.std() == pytest.approx(1.0, rel=0.15)
-    first = table[:, names.index("frequencies.1")]
-    assert first.mean() == pytest.approx(0.25, abs=0.02) and first.std() == pytest.approx(0.1936, rel=0.1)
+    column = lambda name: table[:, names.index(name)]  # noqa: E731
+    assert column("gamma_shape").mean() == pytest.approx(1.0, abs=0.1)
+    assert column("gamma_shape").std() == pytest.approx(1.0, rel=0.15)
+    assert column("frequencies.1").mean() == pytest.approx(0.25, abs=0.02)
+    assert column("frequencies.1").std() == pytest.approx(0.1936, rel=0.1)
+    assert column("gtr_rates.6").mean() == pytest.approx(1 / 6, abs=0.015)
+    assert column("gtr_rates.6").std() == pytest.approx(0.1409, rel=0.1)
+    assert column("proportion_invariant").mean() == pytest.approx(0.5, abs=0.04)
+    assert column("proportion_invariant").std() == pytest.approx(0.2887, rel=0.1)
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,17 @@ lengths i.i.d. Exponential(10), and the model parameters' priors of `sample`
 exchangeabilities, Exponential(1) Gamma shape, Uniform(0, 1) +I, ...), any of
 them replaced through `priors={name: distribution}`.
 
-Model parameters move by a random walk on one unconstrained coordinate at a
-time (`u_k + sigma N(0, 1)`: symmetric, `log q = 0`; the prior density in
-unconstrained coordinates includes the bijection's Jacobian). The
-multipliers' `lambda` and the walk's `sigma` are tuned per chain towards
-acceptance 0.3 during the first `tune` generations, then frozen.
+Moves (weights in `MC3Settings.moves`, defaults `DEFAULT_MOVES`): topology
+moves (stochastic NNI, uniform SPR, MrBayes's extending SPR and TBR) and
+branch-length moves (multiplier, tree-length multiplier, node slider) in
+`_tree_moves`; one model parameter at a time by MrBayes's moves for its kind
+(Dirichlet for simplexes, multiplier for positive values, sliding window for
+proportions) in `_parameter_moves`; and `hmc`, what MrBayes lacks: every edge
+length and parameter of every chain moved along the likelihood's gradient
+(`_hmc_move`, off by default; see the README for what it does to mixing).
+Every tuning (multipliers' `lambda`, Dirichlet's `1/alpha`, windows, HMC's
+step) is tuned per chain towards acceptance 0.3 (HMC 0.65) during the first
+`tune` generations, then frozen.
 """
 
 from __future__ import annotations
@@ -34,18 +40,19 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 from numpyro.infer.util import potential_energy
 
 from .._errors import InputError
 from ..likelihood._api import _batch_pattern_log_likelihoods
 from ..ml._parameters import ModelCoordinates
 from ._model_priors import sample_model
+from ._hmc_move import HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, hmc_proposal
+from ._parameter_moves import START_TUNING, propose_parameters, support_kind
 from ._tree_moves import BRANCH_MOVES, MULTIPLIER_TUNING, TOPOLOGY_MOVES, from_view, propose_tree, to_view
 
-MOVES = TOPOLOGY_MOVES + BRANCH_MOVES + ("parameters",)
-DEFAULT_MOVES = {"nni": 5.0, "spr": 5.0, "branch_multiplier": 5.0, "tree_length": 1.0, "node_slider": 2.0,
-                 "parameters": 2.0}
+MOVES = TOPOLOGY_MOVES + BRANCH_MOVES + ("parameters", "hmc")
+DEFAULT_MOVES = {"nni": 3.0, "spr": 2.0, "espr": 3.0, "etbr": 3.0, "branch_multiplier": 5.0, "tree_length": 1.0,
+                 "node_slider": 2.0, "parameters": 2.0, "hmc": 0.0}
 BRANCH_RATE = 10.0  # MrBayes's brlenspr = unconstrained:exponential(10)
 TARGET_ACCEPTANCE = 0.3
 
@@ -63,10 +70,11 @@ class MC3Settings:
     tune: int | None = None  # generations of tuning (default a tenth of `generations`)
     block: int = 50  # samples per device call (a checkpoint after each)
     moves: tuple = tuple(DEFAULT_MOVES.items())  # (name, weight) pairs; a dict is accepted
+    hmc_steps: int = HMC_STEPS  # leapfrog steps of an HMC move
 
     def __post_init__(self):
         object.__setattr__(self, "moves", tuple(dict(self.moves).items()))  # hashable: a static argument
-        for name in ("runs", "chains", "generations", "sample_every", "block"):
+        for name in ("runs", "chains", "generations", "sample_every", "block", "hmc_steps"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"mcmc setting {name} must be at least 1, got {getattr(self, name)}")
         if self.temperature < 0:
@@ -93,7 +101,7 @@ class ChainState(eqx.Module):
     log_likelihood: jax.Array  # [B]
     log_prior: jax.Array  # [B]
     heat: jax.Array  # [B] heat index within the run: 0 is the cold chain
-    tunings: jax.Array  # [B, 4]: lambda of the three branch moves, sigma of the parameter walk
+    tunings: jax.Array  # [B, 4 + S]: the three branch moves', HMC's step size, each model parameter's move
     proposed: jax.Array  # [B, moves] counts, for acceptance rates
     accepted: jax.Array  # [B, moves]
     swaps_tried: jax.Array  # [runs, chains, chains] by heat index
@@ -123,6 +131,9 @@ class Posterior(eqx.Module):
                                              per_tree_models=has_params)
         return jnp.sum(self.data.weights * per, axis=-1)
 
+    def supports(self) -> dict:
+        return self.coordinates.supports(self.priors)
+
     def log_priors(self, up, edge, params):
         """Exponential(10) on each of the 2N - 3 edges (the uniform topology prior is a constant), plus the
         model parameters' priors in unconstrained coordinates (Jacobian included)."""
@@ -137,58 +148,88 @@ def heats(settings: MC3Settings) -> jax.Array:
     return 1.0 / (1.0 + settings.temperature * jnp.arange(settings.chains))
 
 
-def _propose_parameters(key, params, sigma):
-    """One unconstrained coordinate, uniformly chosen, moved by `sigma N(0, 1)` (symmetric: log q = 0)."""
-    flat, unravel = ravel_pytree(params)
-    if flat.size == 0:
-        return params
-    k1, k2 = jax.random.split(key)
-    j = jax.random.randint(k1, (), 0, flat.size)
-    return unravel(flat.at[j].add(sigma * jax.random.normal(k2, dtype=flat.dtype)))
+def _where(mask, new, old):
+    """`new` where the per-chain `mask` holds, else `old` (leaves `[B, ...]`)."""
+    return jax.tree.map(lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old)
+
+
+def _local_proposals(state: ChainState, posterior: Posterior, settings: MC3Settings, key, kind):
+    """Each chain's own move: a tree move or one model parameter (`_parameter_moves`), chosen by `kind`.
+
+    Returns `(up, edge, params, log q, slot)`, `slot` the column of `tunings`
+    the move used (-1 for a topology move).
+    """
+    b = state.up.shape[0]
+    k_tree, k_param = jax.random.split(key)
+    tree_kind = jnp.minimum(kind, len(TOPOLOGY_MOVES + BRANCH_MOVES) - 1)
+    weights = dict(settings.moves)
+    enabled = tuple(weights.get(name, 0.0) > 0 for name in TOPOLOGY_MOVES + BRANCH_MOVES)
+    up, edge, log_q = jax.vmap(propose_tree, in_axes=(0, 0, 0, 0, None, 0, None))(
+        tree_kind, jax.random.split(k_tree, b), state.up, state.edge, posterior.num_tips, state.tunings[:, :3],
+        enabled)
+    moving_params = kind == MOVES.index("parameters")
+    slot = jnp.where(kind >= len(TOPOLOGY_MOVES), kind - len(TOPOLOGY_MOVES), -1)
+    params = state.params
+    if jax.tree.leaves(state.params):
+        walked, log_q_params, site = jax.vmap(propose_parameters, in_axes=(0, 0, None, 0))(
+            jax.random.split(k_param, b), state.params, posterior.supports(), state.tunings[:, 4:])
+        params = _where(moving_params, walked, state.params)
+        log_q = jnp.where(moving_params, log_q_params, log_q)
+        slot = jnp.where(moving_params, 4 + site, slot)
+    up, edge = _where(moving_params, (state.up, state.edge), (up.astype(state.up.dtype), edge))
+    return up, edge, params, log_q, slot
 
 
 def generation(state: ChainState, posterior: Posterior, settings: MC3Settings, weights: jax.Array) -> ChainState:
-    """One generation of every chain: a move each, one batched likelihood, Metropolis-Hastings, heat swaps."""
+    """One generation of every chain: a move each, one batched likelihood, Metropolis-Hastings, heat swaps.
+
+    With probability `weights[hmc] / sum(weights)` (one draw for all chains)
+    the generation is an HMC move of every chain instead (`_hmc_move`);
+    otherwise each chain draws its own move from the other weights.
+    """
     b = state.up.shape[0]
-    key, k_kind, k_move, k_param, k_accept, k_swap = jax.random.split(state.key, 6)
-    kind = jax.random.categorical(k_kind, jnp.log(weights), shape=(b,))
-    tree_kind = jnp.minimum(kind, len(TOPOLOGY_MOVES + BRANCH_MOVES) - 1)
-    up, edge, log_q = jax.vmap(propose_tree, in_axes=(0, 0, 0, 0, None, 0))(
-        tree_kind, jax.random.split(k_move, b), state.up, state.edge, posterior.num_tips, state.tunings[:, :3])
-    moving_params = kind == len(MOVES) - 1
-    walked = jax.vmap(_propose_parameters)(jax.random.split(k_param, b), state.params, state.tunings[:, 3])
-    keep = lambda new, old: jnp.where(moving_params.reshape((-1,) + (1,) * (new.ndim - 1)), old, new)  # noqa: E731
-    up, edge = keep(up.astype(state.up.dtype), state.up), keep(edge, state.edge)
-    log_q = jnp.where(moving_params, 0.0, log_q)
-    params = jax.tree.map(lambda new, old: jnp.where(moving_params.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
-                          walked, state.params)
+    key, k_kind, k_move, k_hmc_pick, k_hmc, k_accept, k_swap = jax.random.split(state.key, 7)
+    hmc = MOVES.index("hmc")
+    kind = jax.random.categorical(k_kind, jnp.log(weights[:hmc]), shape=(b,))
+    use_hmc = jax.random.uniform(k_hmc_pick) * jnp.sum(weights) < weights[hmc]
+    beta = heats(settings)[state.heat]
+
+    def hamiltonian(_):
+        edge, params, log_q = hmc_proposal(k_hmc, posterior, state.up, state.edge, state.root, state.params, beta,
+                                           state.tunings[:, 3], settings.hmc_steps)
+        return state.up, edge, params, log_q, jnp.full(b, 3)
+
+    local = lambda _: _local_proposals(state, posterior, settings, k_move, kind)  # noqa: E731
+    if dict(settings.moves).get("hmc", 0.0) > 0:  # static: no gradient program unless HMC can be drawn
+        up, edge, params, log_q, slot = jax.lax.cond(use_hmc, hamiltonian, local, None)
+    else:
+        up, edge, params, log_q, slot = local(None)
+    kind = jnp.where(use_hmc, hmc, kind)
 
     log_likelihood = posterior.log_likelihoods(up, edge, state.root, params)
     log_prior = posterior.log_priors(up, edge, params)
-    beta = heats(settings)[state.heat]
     log_ratio = beta * (log_likelihood - state.log_likelihood + log_prior - state.log_prior) + log_q
     accept = (jnp.log(jax.random.uniform(k_accept, (b,))) < log_ratio) & jnp.isfinite(log_likelihood + log_prior)
 
-    take = lambda new, old: jnp.where(accept.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)  # noqa: E731
     chosen = jax.nn.one_hot(kind, len(MOVES), dtype=jnp.int32)
+    kept = _where(accept, (up, edge, params, log_likelihood, log_prior),
+                  (state.up, state.edge, state.params, state.log_likelihood, state.log_prior))
     state = eqx.tree_at(
         lambda s: (s.up, s.edge, s.params, s.log_likelihood, s.log_prior, s.proposed, s.accepted, s.tunings, s.key),
-        state,
-        (take(up, state.up), take(edge, state.edge), jax.tree.map(take, params, state.params),
-         take(log_likelihood, state.log_likelihood), take(log_prior, state.log_prior),
-         state.proposed + chosen, state.accepted + chosen * accept[:, None],
-         _tuned(state, kind, accept, settings), key))
+        state, kept + (state.proposed + chosen, state.accepted + chosen * accept[:, None],
+                       _tuned(state, slot, accept, settings), key))
     state = _swap_heats(state, k_swap, settings)
     return eqx.tree_at(lambda s: s.generation, state, state.generation + 1)
 
 
-def _tuned(state: ChainState, kind, accept, settings: MC3Settings):
-    """Robbins-Monro steps on the log of the used move's tuning, towards `TARGET_ACCEPTANCE`, while tuning."""
-    slot = kind - len(TOPOLOGY_MOVES)
+def _tuned(state: ChainState, slot, accept, settings: MC3Settings):
+    """Robbins-Monro steps on the log of the used move's tuning (`slot`, -1 for none) towards its target
+    acceptance (HMC's 0.65, else 0.3), while tuning."""
     tunable = (slot >= 0) & (state.generation < settings.tune_generations)
-    step = (accept.astype(state.tunings.dtype) - TARGET_ACCEPTANCE) / jnp.sqrt(1.0 + state.generation / 100.0)
-    change = jax.nn.one_hot(jnp.maximum(slot, 0), 4) * jnp.where(tunable, step, 0.0)[:, None]
-    return jnp.clip(state.tunings * jnp.exp(change), 1e-3, 20.0)
+    target = jnp.where(slot == 3, HMC_TARGET_ACCEPTANCE, TARGET_ACCEPTANCE)
+    step = (accept.astype(state.tunings.dtype) - target) / jnp.sqrt(1.0 + state.generation / 100.0)
+    change = jax.nn.one_hot(jnp.maximum(slot, 0), state.tunings.shape[1]) * jnp.where(tunable, step, 0.0)[:, None]
+    return jnp.clip(state.tunings * jnp.exp(change), 1e-4, 20.0)
 
 
 def _swap_heats(state: ChainState, key, settings: MC3Settings) -> ChainState:
@@ -238,7 +279,7 @@ def run_block(state: ChainState, posterior: Posterior, settings: MC3Settings, co
     the cold chains at each sample (`[block, runs, ...]`; rows past `count` repeat the last state)."""
     weights = jnp.asarray([dict(settings.moves).get(name, 0.0) for name in MOVES])
     if not jax.tree.leaves(state.params):
-        weights = weights.at[-1].set(0.0)  # nothing to move
+        weights = weights.at[MOVES.index("parameters")].set(0.0)  # nothing to move
 
     def sampled(state, i):
         steps = jnp.where(i < count, settings.sample_every, 0)
@@ -254,7 +295,8 @@ def initial_state(trees, params, posterior: Posterior, settings: MC3Settings, se
     up, edge = jax.vmap(to_view)(jnp.asarray(parents, jnp.int32), jnp.asarray(lengths))
     root = jnp.argmin(jnp.asarray(parents), axis=1).astype(jnp.int32)
     b = parents.shape[0]
-    tunings = jnp.broadcast_to(jnp.asarray([MULTIPLIER_TUNING, MULTIPLIER_TUNING, MULTIPLIER_TUNING, 0.2]), (b, 4))
+    sites = [START_TUNING[support_kind(support)] for _, support in sorted(posterior.supports().items())]
+    tunings = jnp.broadcast_to(jnp.asarray([MULTIPLIER_TUNING] * 3 + [HMC_START_STEP] + sites), (b, 4 + len(sites)))
     zeros = jnp.zeros((b, len(MOVES)), jnp.int32)
     swaps = jnp.zeros((settings.runs, settings.chains, settings.chains), jnp.int32)
     return ChainState(up, edge, root, params, posterior.log_likelihoods(up, edge, root, params),

@@ -182,22 +182,173 @@ def node_slider(key, up, edge, tuning):
     return up, edge.at[v].set(place * total).at[u].set((1 - place) * total), 2 * jnp.log(m)
 
 
-TOPOLOGY_MOVES = ("nni", "spr")
+EXTENSION = 0.5  # probability of walking one more edge in the extending moves (a half: log q of the walk is 0)
+MAX_STEPS = 8  # the walk stops there (a forced stop, counted in the Hastings ratio); P(reaching it) = 1 / 128
+
+
+def neighbours(up: Int[Array, "M"]) -> Int[Array, "M 3"]:
+    """Every node's neighbours in the unrooted tree (its view parent and children), -1 where absent."""
+    return jnp.concatenate([up[:, None], children(up)], axis=1)
+
+
+def extending_walk(key, nb: Int[Array, "M 3"], start, steps: int = MAX_STEPS, extension: float = EXTENSION):
+    """A walk from the edge `start = (a, b)` across at least one node, each further node with probability
+    `extension`, never back, stopping at tips and after `steps` nodes.
+
+    Returns `(x, y, path, log g)`: the last edge, from `x` (crossed) to its far
+    end `y`; the crossed nodes in order (`[steps]`, -1 after the last); and
+    `log g = log c(E) - log s(E)` of the start minus that of the end, where
+    `c(E)` is the walk's chance of heading the way it went from an edge (1/2
+    when both ends are internal, else 1) and `s(E)` its chance of stopping
+    there (1 when the far end is a tip or the walk is `steps` long, else
+    `1 - extension`). The reverse walk, from the end back to the start along
+    the same (unique) path, has every middle factor equal, so the log Hastings
+    ratio of the walk is `log g(end) - log g(start)`, returned as one number:
+    it is 0 for `extension = 1/2` unless a stop was forced by the step limit.
+    `ok` is False when both ends of `start` are tips (a tree of one edge).
+    """
+    internal = jnp.sum(nb >= 0, axis=1) == 3
+    a, b = start
+    keys = jax.random.split(key, steps + 1)
+    both = internal[a] & internal[b]
+    head_b = jnp.where(both, jax.random.bernoulli(keys[0]), internal[b])
+    x, y = jnp.where(head_b, a, b), jnp.where(head_b, b, a)  # crossing y next
+    start_far_is_tip = ~internal[x]
+    path = jnp.full(steps, -1, nb.dtype)
+    walking = internal[y]
+    ok = walking
+    length = jnp.zeros((), jnp.int32)
+    for k in range(steps):
+        k1, k2 = jax.random.split(keys[k + 1])
+        options = (nb[y] >= 0) & (nb[y] != x)
+        nxt = nb[y, _uniform_choice(k1, options)]
+        go = walking & ((k == 0) | (jax.random.uniform(k2) < extension))
+        path = path.at[k].set(jnp.where(go, y, -1))
+        x, y = jnp.where(go, y, x), jnp.where(go, nxt, y)
+        length = length + go
+        walking = go & internal[y]
+    forced_end = (~internal[y]) | (length == steps)
+    forced_start = start_far_is_tip | (length == steps)
+    log_c = lambda far_is_tip: jnp.where(far_is_tip, 0.0, jnp.log(0.5))  # noqa: E731
+    log_s = lambda forced: jnp.where(forced, 0.0, jnp.log1p(-extension))  # noqa: E731
+    log_ratio = (log_c(~internal[y]) - log_s(forced_end)) - (log_c(start_far_is_tip) - log_s(forced_start))
+    return x, y, path, jnp.where(ok, log_ratio, 0.0), ok
+
+
+def _prune(key, up, edge):
+    """The common start of the SPR moves: a uniformly chosen `p` (not 0, `R`, `w`), its parent `q` taken out
+    (`p`'s sibling `r` takes the merged edge to `q`'s parent `g`), `q` detached with `p` still below it."""
+    node = jnp.arange(up.shape[0])
+    kids = children(up)
+    w = jnp.argmax(up == 0)
+    p = _uniform_choice(key, (node != 0) & (up >= 0) & (node != w))
+    q = up[p]
+    r, g = sibling(up, kids, p), up[q]
+    pruned = up.at[r].set(g).at[q].set(-1)
+    return p, q, r, g, pruned, edge.at[r].add(edge[q])
+
+
+def _regraft(up, edge, q, x, y, split):
+    """`q` (with its subtree) inserted in the edge between `x` and `y` of the pruned view, whose lower end owns
+    the edge; its length `T` split `(split T, (1 - split) T)` below and above `q`. Returns `(up, edge, T)`."""
+    t = jnp.where(up[x] == y, x, y)
+    target = edge[t]
+    up = up.at[q].set(up[t]).at[t].set(q)
+    return up, edge.at[t].set(split * target).at[q].set((1 - split) * target), target
+
+
+def _extending_spr(key, up, edge):
+    k1, k2, k3 = jax.random.split(key, 3)
+    p, q, r, g, pruned, merged_edge = _prune(k1, up, edge)
+    x, y, _, log_walk, ok = extending_walk(k2, neighbours(pruned), (r, g))
+    moved_up, moved_edge, target = _regraft(pruned, merged_edge, q, x, y, jax.random.uniform(k3))
+    log_q = log_walk + jnp.log(target) - jnp.log(merged_edge[r])
+    return p, jnp.where(ok, moved_up, up), jnp.where(ok, moved_edge, edge), jnp.where(ok, log_q, 0.0)
+
+
+def extending_spr(key, up, edge, num_tips: int):
+    """MrBayes's extending SPR: the subtree below a random `p` is pruned and its attachment point walks away
+    from where it was (`extending_walk`) to a nearby edge.
+
+    Topology: `p` is uniform as in `subtree_prune_regraft`; the reverse move
+    prunes the same `p` and walks back along the same path: the walk's ratio
+    (see `extending_walk`). Lengths: as in `subtree_prune_regraft` (merge `A`,
+    split `T` with `U ~ Uniform(0, 1)`): `log T - log A`.
+    `log q = log T - log A + walk`.
+    """
+    _, moved_up, moved_edge, log_q = _extending_spr(key, up, edge)
+    return moved_up, moved_edge, log_q
+
+
+def _reroot_subtree(key, up, edge, p):
+    """The subtree below `p` re-rooted by a walk (see `extending_tbr`): `(up, edge, log q, moved)`."""
+    k1, k2, k3 = jax.random.split(key, 3)
+    a, b = children(up)[p]
+    is_tip = a < 0
+    a, b = jnp.where(is_tip, 0, a), jnp.where(is_tip, 0, b)  # a tip: a walk from tip 0 to itself, not possible
+    nb = neighbours(up)
+    joined = nb.at[a].set(jnp.where(nb[a] == p, b, nb[a])).at[b].set(jnp.where(nb[b] == p, a, nb[b]))
+    x, y, path, log_walk, possible = extending_walk(k1, joined, (a, b))
+    moved = possible & jax.random.bernoulli(k2)
+    m = up.shape[0]
+    h0 = path[0]
+    other = jnp.where(h0 == a, b, a)
+    new_up = up.at[other].set(h0)
+    new_edge = edge.at[other].set(edge[a] + edge[b])
+    for k in range(path.shape[0] - 1):  # every crossed node but the last turns to face the next one
+        at = jnp.where(path[k + 1] >= 0, path[k], m)
+        new_up = new_up.at[at].set(path[k + 1], mode="drop")
+        new_edge = new_edge.at[at].set(edge[jnp.maximum(path[k + 1], 0)], mode="drop")
+    split = jax.random.uniform(k3)
+    new_up = new_up.at[x].set(p).at[y].set(p)
+    new_edge = new_edge.at[y].set(split * edge[y]).at[x].set((1 - split) * edge[y])
+    log_q = log_walk + jnp.log(edge[y]) - jnp.log(edge[a] + edge[b])
+    return jnp.where(moved, new_up, up), jnp.where(moved, new_edge, edge), jnp.where(moved, log_q, 0.0)
+
+
+def extending_tbr(key, up, edge, num_tips: int):
+    """MrBayes's extending TBR: an extending SPR, and with probability 1/2 (when the subtree has at least two
+    edges once `p` is taken out) the pruned subtree is also re-rooted by a walk inside it.
+
+    The subtree's side: `p` is taken out of the subtree (its children `a`, `b`
+    joined by one edge of length `A' = edge[a] + edge[b]`), a walk from that
+    edge (only downwards: it cannot cross `p`) ends at an edge of length `T'`
+    where `p` is put back, splitting it with `U' ~ Uniform(0, 1)`; the path's
+    nodes turn to face the new `p`, each taking the length of the edge below
+    it (a relabelling: Jacobian `T' / A'` as for the other side). The reverse
+    move chooses the same `p`, re-roots back along the same path with the
+    same 1/2, and the two sides are independent:
+    `log q = log q(extending SPR) + walk' + log T' - log A'`.
+    """
+    k1, k2 = jax.random.split(key)
+    p, moved_up, moved_edge, log_q = _extending_spr(k1, up, edge)
+    rerooted_up, rerooted_edge, log_r = _reroot_subtree(k2, moved_up, moved_edge, p)
+    return rerooted_up, rerooted_edge, log_q + log_r
+
+
+TOPOLOGY_MOVES = ("nni", "spr", "espr", "etbr")
 BRANCH_MOVES = ("branch_multiplier", "tree_length", "node_slider")
 
 
-def propose_tree(kind: Int[Array, ""], key, up, edge, num_tips: int, tunings: Float[Array, "3"]):
+def propose_tree(kind: Int[Array, ""], key, up, edge, num_tips: int, tunings: Float[Array, "3"],
+                 enabled: tuple[bool, ...] | None = None):
     """The proposal of move `kind` (index into `TOPOLOGY_MOVES + BRANCH_MOVES`): `(up', edge', log q)`.
 
-    Every move is computed and one is selected: under `vmap` a `switch`
-    would do the same, and the moves are cheap beside the likelihood.
+    Every enabled move is computed and one is selected: under `vmap` a
+    `switch` would do the same, and the moves are cheap beside the likelihood.
+    Moves not `enabled` (static: zero weight) are not computed at all.
     """
-    keys = jax.random.split(key, 5)
-    options = [
-        stochastic_nni(keys[0], up, edge, num_tips),
-        subtree_prune_regraft(keys[1], up, edge, num_tips),
-        branch_multiplier(keys[2], up, edge, tunings[0]),
-        tree_length_multiplier(keys[3], up, edge, tunings[1]),
-        node_slider(keys[4], up, edge, tunings[2]),
+    keys = jax.random.split(key, 7)
+    moves = [
+        lambda: stochastic_nni(keys[0], up, edge, num_tips),
+        lambda: subtree_prune_regraft(keys[1], up, edge, num_tips),
+        lambda: extending_spr(keys[2], up, edge, num_tips),
+        lambda: extending_tbr(keys[3], up, edge, num_tips),
+        lambda: branch_multiplier(keys[4], up, edge, tunings[0]),
+        lambda: tree_length_multiplier(keys[5], up, edge, tunings[1]),
+        lambda: node_slider(keys[6], up, edge, tunings[2]),
     ]
+    enabled = enabled or (True,) * len(moves)
+    unchanged = (up, edge, jnp.zeros((), edge.dtype))
+    options = [move() if on else unchanged for move, on in zip(moves, enabled)]
     return jax.tree.map(lambda *xs: jnp.stack(xs)[kind], *options)

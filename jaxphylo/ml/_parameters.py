@@ -66,6 +66,11 @@ class ModelCoordinates(eqx.Module):
         return {name: biject_to(site["fn"].support).inv(values[name])
                 for name, site in trace.items() if site["type"] == "sample"}
 
+    def supports(self, priors: dict | None = None) -> dict:
+        """The support of every free parameter's site (under `priors`), by site name."""
+        trace = handlers.trace(handlers.seed(sample_model, 0)).get_trace(self.template, self.estimated, priors)
+        return {name: site["fn"].support for name, site in trace.items() if site["type"] == "sample"}
+
     def starts(self) -> list[dict]:
         """Where joint fits begin: the template's values and, with a free Gamma shape, the same with shape 0.5.
 
