@@ -104,6 +104,23 @@ def mrbayes_to_stop(case: str, max_generations: int, seed: int) -> dict | None:
                                    "generations_per_second", "mrbayes_version")}
 
 
+def hmc_mixing(alignment, model, priors, generations: int, seed: int, weight: float) -> dict:
+    """What the HMC move does to mixing: ESS per second (and per generation) of every continuous column, with
+    HMC drawn at `weight` (beside the default moves' total of 21) or not at all; same seed and generations."""
+    out = {}
+    for label, w in (("without_hmc", 0.0), ("with_hmc", weight)):
+        moves = dict(jp.inference.MC3Settings().moves, hmc=w)
+        settings = MC3Settings(runs=2, chains=4, generations=generations, sample_every=20, block=50, moves=moves)
+        began = time.perf_counter()
+        result = jp.inference.mc3(alignment, model, settings=settings, priors=priors, seed=seed)
+        wall = time.perf_counter() - began
+        ess = {row["name"]: row["ess"] for row in result.convergence() if row["name"] != "LnPr"}
+        out[label] = {"seconds": wall, "ess": ess, "min_ess": min(ess.values()), "asdsf": result.asdsf,
+                      "min_ess_per_second": min(ess.values()) / wall, "acceptance": result.acceptance,
+                      "tree_length_ess_per_second": ess["TL"] / wall}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
@@ -111,7 +128,10 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=50)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-mrbayes", action="store_true")
-    parser.add_argument("--no-run", action="store_true", help="breakdown only")
+    parser.add_argument("--no-run", action="store_true", help="no runs to the stop rule")
+    parser.add_argument("--no-breakdown", action="store_true")
+    parser.add_argument("--hmc", nargs=2, metavar=("CASE", "GENERATIONS"), default=None,
+                        help="also measure the HMC move's effect on mixing on CASE (HKY+FO+G4), e.g. primates_mtDNA 20000")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
     record = device_record("mc3")
@@ -122,8 +142,9 @@ def main() -> None:
         alignment = jp.read_alignment(SHARED_DATA / case / "alignment.fasta")
         priors = {k: v() for k, v in MRBAYES_PRIORS.items()} if "HKY" in ours_model else None
         row = {"case": case, "taxa": len(alignment.taxa), "sites": alignment.num_sites, "model": ours_model}
-        row["breakdown"] = breakdown(alignment, ours_model, priors)
-        print(case, {k: round(v, 4) for k, v in row["breakdown"].items()}, flush=True)
+        if not args.no_breakdown:
+            row["breakdown"] = breakdown(alignment, ours_model, priors)
+            print(case, {k: round(v, 4) for k, v in row["breakdown"].items()}, flush=True)
         if not args.no_run:
             row["jaxphylo"] = ours_to_stop(alignment, ours_model, priors, max_generations, args.block, args.seed)
             row["mrbayes"] = None if args.no_mrbayes else mrbayes_to_stop(case, max_generations, args.seed)
@@ -136,11 +157,24 @@ def main() -> None:
                 lines.append(f"{case:<11}{program:<10}{r['generations']:>9}{r['wall_seconds']:>9.1f}"
                              f"{r['generations_per_second']:>9.0f}{r['final_asdsf']:>8.4f}  {ratio}")
                 print(lines[-1], flush=True)
-        b = row["breakdown"]
-        lines.append(f"{case:<11}per generation: {b['generation_ms']:.3f} ms (moves alone {b['moves_only_ms']:.3f},"
-                     f" batched likelihood alone {b['likelihood_ms']:.3f}; its bytes {b['likelihood_bytes'] / 1e6:.1f}"
-                     f" MB); first block {b['generation_first_call_s']:.1f} s")
+        b = row.get("breakdown")
+        if b:
+            lines.append(f"{case:<11}per generation: {b['generation_ms']:.3f} ms (moves alone {b['moves_only_ms']:.3f},"
+                         f" batched likelihood alone {b['likelihood_ms']:.3f}; its bytes"
+                         f" {b['likelihood_bytes'] / 1e6:.1f} MB); first block {b['generation_first_call_s']:.1f} s")
         record["rows"].append(row)
+        save(record, args.out, "mc3")  # after every case: a run cut short keeps what it measured
+    if args.hmc:
+        case, generations = args.hmc[0], int(args.hmc[1])
+        alignment = jp.read_alignment(SHARED_DATA / case / "alignment.fasta")
+        priors = {k: v() for k, v in MRBAYES_PRIORS.items()}
+        record["hmc_mixing"] = {"case": case, "model": "HKY+FO+G4", "generations": generations,
+                                **hmc_mixing(alignment, "HKY+FO+G4", priors, generations, args.seed, 2.0)}
+        for label in ("without_hmc", "with_hmc"):
+            r = record["hmc_mixing"][label]
+            lines.append(f"{case:<11}{label:<12} {generations} generations {r['seconds']:.1f} s: min ESS {r['min_ess']:.0f}"
+                         f" ({r['min_ess_per_second']:.2f}/s), tree length ESS/s {r['tree_length_ess_per_second']:.2f},"
+                         f" ASDSF {r['asdsf']:.4f}")
     text = "\n".join(lines)
     print("\n" + text)
     save(record, args.out, "mc3")

@@ -22,6 +22,13 @@ def add_mcmc_command(subparsers) -> None:
     mcmc.add_argument("--temperature", type=float, default=0.1, help="heating: beta_i = 1/(1 + T i) (default 0.1)")
     mcmc.add_argument("--stop-asdsf", type=float, default=None,
                       help="stop when ASDSF (25%% burn-in, splits >= 0.1) falls below this, e.g. 0.01")
+    mcmc.add_argument("--branch-rate", type=float, default=10.0,
+                      help="edge lengths ~ Exponential(rate) (default 10, MrBayes's)")
+    mcmc.add_argument("--priors", choices=("default", "mrbayes"), default="default",
+                      help="substitution-parameter priors (mrbayes: kappa/(1+kappa) ~ Beta(1,1)), as for sample")
+    mcmc.add_argument("--hmc", type=float, default=0.0,
+                      help="weight of the HMC move over all edge lengths and parameters (default 0: off; the other "
+                           "moves weigh 21 together)")
     mcmc.add_argument("--block", type=int, default=50, help="samples per device call (a checkpoint after each)")
     mcmc.add_argument("--seed", type=int, default=0)
     mcmc.add_argument("--out", "-o", default="mcmc", help="output folder (default ./mcmc)")
@@ -36,14 +43,15 @@ def add_mcmc_command(subparsers) -> None:
 
 def run_mcmc(args) -> None:
     import jaxphylo as jp
-    from jaxphylo.inference._mc3 import MC3Settings
+    from jaxphylo.inference._analysis import PRIOR_SETS
+    from jaxphylo.inference._mc3 import DEFAULT_MOVES, MC3Settings
     from jaxphylo.inference._mc3_run import mc3
 
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type)
     jp.ml.check_inputs(alignment, args.model)
     settings = MC3Settings(runs=args.runs, chains=args.chains, generations=args.generations,
                            sample_every=args.sample_every, temperature=args.temperature, stop_asdsf=args.stop_asdsf,
-                           block=args.block)
+                           block=args.block, branch_rate=args.branch_rate, moves=dict(DEFAULT_MOVES, hmc=args.hmc))
     _plan(alignment, args, settings.runs * settings.chains)  # every chain's tree is evaluated at once
     if args.dry_run:
         return
@@ -52,7 +60,8 @@ def run_mcmc(args) -> None:
         lnl = "  ".join(f"{x:.2f}" for x in cold)
         print(f"generation {generation}\tcold log L {lnl}\tASDSF {value:.4f}", file=sys.stderr, flush=True)
 
-    result = mc3(alignment, args.model, settings=settings, seed=args.seed, precision=args.precision, out=args.out,
+    result = mc3(alignment, args.model, settings=settings, seed=args.seed, priors=PRIOR_SETS[args.priors] or None,
+                 precision=args.precision, out=args.out,
                  resume=args.resume, progress=progress, stop=args.stop)
     print(summary_text(result))
 

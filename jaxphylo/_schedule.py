@@ -24,6 +24,8 @@ step (a few `[width, C, P, S]` arrays).
 
 from __future__ import annotations
 
+import math
+
 from functools import lru_cache, partial
 
 import equinox as eqx
@@ -85,18 +87,29 @@ def kernel_children(parent: Int[Array, " M"]) -> Int[Array, "M 2"]:
 
 
 def node_levels(children: Int[Array, "M 2"]) -> Int[Array, " M"]:
-    """Level of every node (tips 0): relaxed `1 + max(children)` until nothing changes (tree height + 1 rounds)."""
+    """Level of every node: its height above its deepest tip (tips 0), `1 + max(children)`.
+
+    By pointer doubling, in `ceil(log2 M)` unrolled rounds of gathers and
+    segment maxima (a loop until nothing changes would cost a device loop
+    iteration, with its launch and host round trip, per level): the depth of
+    every node by list ranking, then the deepest depth below every node, each
+    round passing it `2^k` generations up; the level is the difference.
+    """
     m = children.shape[0]
-    internal = children[:, 0] < m
-
-    def relax(state):
-        level, _ = state
-        padded = jnp.append(level, 0)
-        new = jnp.where(internal, 1 + jnp.maximum(padded[children[:, 0]], padded[children[:, 1]]), 0)
-        return new, jnp.any(new != level)
-
-    level, _ = lax.while_loop(lambda s: s[1], relax, (jnp.zeros(m, children.dtype), jnp.array(True)))
-    return level
+    node = jnp.arange(m, dtype=children.dtype)
+    parent = jnp.full(m + 1, -1, children.dtype).at[children.reshape(-1)].set(jnp.repeat(node, 2), mode="drop")[:m]
+    rounds = max(1, math.ceil(math.log2(m)))
+    depth, jump = (parent >= 0).astype(children.dtype), parent
+    for _ in range(rounds):
+        valid = jump >= 0
+        depth = depth + jnp.where(valid, depth[jnp.maximum(jump, 0)], 0)
+        jump = jnp.where(valid, jump[jnp.maximum(jump, 0)], -1)
+    deepest, jump = depth, parent
+    for _ in range(rounds):
+        passed = jax.ops.segment_max(deepest, jnp.where(jump >= 0, jump, m), num_segments=m + 1)[:m]
+        deepest = jnp.maximum(deepest, passed)
+        jump = jnp.where(jump >= 0, jump[jnp.maximum(jump, 0)], -1)
+    return jnp.where(children[:, 0] < m, deepest - depth, 0)
 
 
 @partial(jax.jit, static_argnames=("widths",))

@@ -31,25 +31,25 @@ def topology_key(parent, taxa=TAXA):
     return frozenset(s for s in _kernel_splits(np.asarray(parent), taxa) if s is not None)
 
 
-def prior_run(moves, model="JC", samples=2000, tune=0):
+def prior_run(moves, model="JC", samples=2000, tune=0, branch_rate=10.0):
     alignment = jp.simulate(jp.random_topology_tree(TAXA, seed=1), jp.parse_model("JC"), 20, seed=1)
     settings = MC3Settings(runs=16, chains=1, generations=5 * samples, sample_every=5, tune=tune, moves=moves,
-                           block=500)
+                           block=500, branch_rate=branch_rate)
     return mc3(alignment, model, settings=settings, prior_only=True, seed=3)
 
 
-@pytest.mark.parametrize("moves", [
-    {"nni": 1, "branch_multiplier": 1},
-    {"spr": 1, "branch_multiplier": 1},
-    {"spr": 1, "node_slider": 1},
-    {"nni": 1, "tree_length": 1, "branch_multiplier": 1},
-    {"espr": 1, "branch_multiplier": 1},
-    {"etbr": 1, "node_slider": 1},
-    {"hmc": 1, "nni": 1},
+@pytest.mark.parametrize("moves, rate", [
+    ({"nni": 1, "branch_multiplier": 1}, 10.0),
+    ({"spr": 1, "branch_multiplier": 1}, 10.0),
+    ({"spr": 1, "node_slider": 1}, 10.0),
+    ({"nni": 1, "tree_length": 1, "branch_multiplier": 1}, 5.0),
+    ({"espr": 1, "branch_multiplier": 1}, 10.0),
+    ({"etbr": 1, "node_slider": 1}, 10.0),
+    ({"hmc": 1, "nni": 1}, 10.0),
 ])
-def test_each_move_recovers_the_prior(moves):
-    """Uniform topologies (15 for 5 taxa) and i.i.d. Exponential(10) edges: tree length ~ Gamma(7, 10)."""
-    result = prior_run(moves)
+def test_each_move_recovers_the_prior(moves, rate):
+    """Uniform topologies (15 for 5 taxa) and i.i.d. Exponential(rate) edges: tree length ~ Gamma(7, rate)."""
+    result = prior_run(moves, branch_rate=rate)
     counts = {}
     for run in result.runs:
         for sample in run.splits:
@@ -58,10 +58,10 @@ def test_each_move_recovers_the_prior(moves):
     frequencies = np.array(list(counts.values())) / sum(counts.values())
     assert len(frequencies) == 15 and np.max(np.abs(frequencies - 1 / 15)) < 0.015, frequencies
     lengths = np.concatenate([np.asarray(run.columns)[:, 2] for run in result.runs])
-    assert lengths.mean() == pytest.approx(0.7, rel=0.05)
-    assert lengths.var() == pytest.approx(0.07, rel=0.15)
+    assert lengths.mean() == pytest.approx(7 / rate, rel=0.05)
+    assert lengths.var() == pytest.approx(7 / rate**2, rel=0.15)
     edges = np.concatenate([np.asarray(run.tip_lengths).ravel() for run in result.runs])
-    assert np.mean(edges > 0.3) == pytest.approx(np.exp(-3.0), abs=0.01)  # P(Exp(10) > 0.3)
+    assert np.mean(edges > 3 / rate) == pytest.approx(np.exp(-3.0), abs=0.01)  # P(Exp(rate) > 3 / rate)
 
 
 @pytest.mark.parametrize("moves", [{"parameters": 3, "nni": 1}, {"hmc": 1, "nni": 1}])
@@ -174,7 +174,8 @@ def test_mcmc_command_writes_mrbayes_style_outputs(five_taxa, tmp_path):
     path = tmp_path / "five.fasta"
     path.write_text("".join(f">{t}\n{s}\n" for t, s in zip(five_taxa.taxa, five_taxa.sequences)))
     result = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "mcmc", str(path), "-m", "JC", "--generations",
-                             "2000", "--sample-every", "20", "--out", str(tmp_path / "run"), "--stop-asdsf", "0.5"],
+                             "2000", "--sample-every", "20", "--out", str(tmp_path / "run"), "--stop-asdsf", "0.5",
+                             "--branch-rate", "5", "--priors", "mrbayes"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "ASDSF" in result.stdout and "swap acceptance" in result.stdout and "generation" in result.stderr
@@ -185,9 +186,10 @@ def test_mcmc_command_writes_mrbayes_style_outputs(five_taxa, tmp_path):
                           "--out", str(tmp_path / "unused")], capture_output=True, text=True, timeout=600)
     assert dry.returncode == 0 and "5 taxa" in dry.stderr and "one likelihood-and-gradient" in dry.stderr, dry.stderr
     assert not (tmp_path / "unused").exists()
-    bad = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "mcmc", str(path), "-m", "HKY+Q"],
-                         capture_output=True, text=True, timeout=600)
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    for wrong in (["-m", "HKY+Q"], ["-m", "JC", "--branch-rate", "0"]):
+        bad = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "mcmc", str(path)] + wrong,
+                             capture_output=True, text=True, timeout=600)
+        assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
 def test_mcmc_sigterm_at_a_random_moment_exits_saved_and_resumes_to_the_same_bytes(five_taxa, tmp_path):
@@ -201,7 +203,7 @@ def test_mcmc_sigterm_at_a_random_moment_exits_saved_and_resumes_to_the_same_byt
     path = tmp_path / "five.fasta"
     path.write_text("".join(f">{t}\n{s}\n" for t, s in zip(five_taxa.taxa, five_taxa.sequences)))
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
-    command = [sys.executable, "-m", "jaxphylo.cli", "mcmc", str(path), "-m", "HKY+G4", "--generations", "6000",
+    command = [sys.executable, "-m", "jaxphylo.cli", "mcmc", str(path), "-m", "JC", "--generations", "6000",
                "--sample-every", "20", "--block", "5", "--chains", "2"]
     whole = subprocess.run(command + ["--out", str(tmp_path / "whole")], capture_output=True, text=True, env=env,
                            timeout=600)

@@ -1,6 +1,6 @@
 """jaxphylo's MC³ on DS1 against the 10-run MrBayes golden posterior (`topology_posterior_pooled.tsv`).
 
-JC69, MrBayes's default priors, 2 runs x 4 chains, heating 0.1. Prints and
+JC69, MrBayes's default priors, `--runs` (default 2) runs x 4 chains, heating 0.1. Prints and
 saves (validation/mc3/results/jaxphylo_golden-<platform>.json): generations,
 seconds, generations per second, ASDSF, the largest absolute difference
 between our pooled split frequencies (25% burn-in) and the golden split
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,10 +41,12 @@ def main() -> None:
     parser.add_argument("--stop-asdsf", type=float, default=None)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--block", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=2, help="independent runs, pooled (the golden pools 10)")
+    parser.add_argument("--tag", default="", help="suffix of the results file")
     args = parser.parse_args()
     alignment = jp.read_alignment(DATA / "alignment.fasta")
     taxa = tuple(alignment.taxa)
-    settings = jp.inference.MC3Settings(runs=2, chains=4, generations=args.generations,
+    settings = jp.inference.MC3Settings(runs=args.runs, chains=4, generations=args.generations,
                                         sample_every=args.sample_every, stop_asdsf=args.stop_asdsf, block=args.block)
     began = time.perf_counter()
     result = jp.inference.mc3(alignment, "JC", settings=settings, seed=args.seed,
@@ -63,7 +66,8 @@ def main() -> None:
     top_golden = max(golden_topology_probabilities(DATA / "topology_posterior_pooled.tsv").items(),
                      key=lambda item: item[1])[0]
     record = {
-        "device": str(jax.devices()[0]), "jax": jax.__version__, "generations": result.generations,
+        "device": str(jax.devices()[0]), "jax": jax.__version__, "runs": args.runs, "seed": args.seed,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""), "generations": result.generations,
         "seconds_total": wall, "seconds_sampling": result.seconds,
         "generations_per_second": result.generations / result.seconds, "asdsf": result.asdsf,
         "asdsf_trace": result.asdsf_trace, "acceptance": result.acceptance,
@@ -78,7 +82,7 @@ def main() -> None:
     print(f"{result.generations:>12} {result.seconds:>8.1f} {record['generations_per_second']:>7.0f} "
           f"{result.asdsf:>7.4f} {record['max_split_difference']:>17.3f} {record['top_topology_equal']}")
     platform = jax.devices()[0].platform
-    out = ROOT / "validation" / "mc3" / "results" / f"jaxphylo_golden-{platform}.json"
+    out = ROOT / "validation" / "mc3" / "results" / f"jaxphylo_golden-{platform}{args.tag}.json"
     out.write_text(json.dumps(record, indent=1))
     print(f"wrote {out}")
 

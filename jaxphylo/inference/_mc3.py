@@ -14,7 +14,7 @@ the log posterior. `lax.scan` runs blocks of generations; only the cold
 chain of each run leaves the device, every `sample_every` generations.
 
 Priors (MrBayes's defaults for unrooted trees): uniform topology, edge
-lengths i.i.d. Exponential(10), and the model parameters' priors of `sample`
+lengths i.i.d. Exponential(10) (`branch_rate`), and the model parameters' priors of `sample`
 (`inference._model_priors`: Dirichlet(1, ...) frequencies and
 exchangeabilities, Exponential(1) Gamma shape, Uniform(0, 1) +I, ...), any of
 them replaced through `priors={name: distribution}`.
@@ -53,7 +53,6 @@ from ._tree_moves import BRANCH_MOVES, MULTIPLIER_TUNING, TOPOLOGY_MOVES, from_v
 MOVES = TOPOLOGY_MOVES + BRANCH_MOVES + ("parameters", "hmc")
 DEFAULT_MOVES = {"nni": 3.0, "spr": 2.0, "espr": 3.0, "etbr": 3.0, "branch_multiplier": 5.0, "tree_length": 1.0,
                  "node_slider": 2.0, "parameters": 2.0, "hmc": 0.0}
-BRANCH_RATE = 10.0  # MrBayes's brlenspr = unconstrained:exponential(10)
 TARGET_ACCEPTANCE = 0.3
 
 
@@ -71,12 +70,15 @@ class MC3Settings:
     block: int = 50  # samples per device call (a checkpoint after each)
     moves: tuple = tuple(DEFAULT_MOVES.items())  # (name, weight) pairs; a dict is accepted
     hmc_steps: int = HMC_STEPS  # leapfrog steps of an HMC move
+    branch_rate: float = 10.0  # edge lengths ~ Exponential(rate): MrBayes's brlenspr = unconstrained:exponential(10)
 
     def __post_init__(self):
         object.__setattr__(self, "moves", tuple(dict(self.moves).items()))  # hashable: a static argument
         for name in ("runs", "chains", "generations", "sample_every", "block", "hmc_steps"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"mcmc setting {name} must be at least 1, got {getattr(self, name)}")
+        if not self.branch_rate > 0:
+            raise InputError(f"--branch-rate must be positive, got {self.branch_rate}")
         if self.temperature < 0:
             raise InputError(f"--temperature must not be negative, got {self.temperature}")
         if not 0 <= self.burnin < 1:
@@ -120,6 +122,7 @@ class Posterior(eqx.Module):
     num_tips: int = eqx.field(static=True)
     priors: object = None  # {name: distribution} (distributions are pytrees)
     prior_only: bool = eqx.field(static=True, default=False)
+    branch_rate: float = eqx.field(static=True, default=10.0)
 
     def log_likelihoods(self, up, edge, root, params):
         if self.prior_only:
@@ -135,9 +138,9 @@ class Posterior(eqx.Module):
         return self.coordinates.supports(self.priors)
 
     def log_priors(self, up, edge, params):
-        """Exponential(10) on each of the 2N - 3 edges (the uniform topology prior is a constant), plus the
+        """Exponential(branch_rate) on each of the 2N - 3 edges (the uniform topology prior is a constant), plus the
         model parameters' priors in unconstrained coordinates (Jacobian included)."""
-        lengths = jnp.where(up >= 0, jnp.log(BRANCH_RATE) - BRANCH_RATE * edge, 0.0).sum(-1)
+        lengths = jnp.where(up >= 0, jnp.log(self.branch_rate) - self.branch_rate * edge, 0.0).sum(-1)
         if not jax.tree.leaves(params):
             return lengths
         model_args = (self.coordinates.template, self.coordinates.estimated, self.priors)

@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as dist
 
 from .._alignment import Alignment
 from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
@@ -100,7 +101,7 @@ def mc3(
     coordinates = posterior.coordinates
     names = ["LnL", "LnPr", "TL"] + _parameter_names(coordinates)
     record = {"alignment": alignment_digest(alignment), "model": str(model), "seed": seed, "precision": precision,
-              "priors": repr(sorted((priors or {}).items())), "prior_only": prior_only,
+              "priors": describe_priors(priors), "prior_only": prior_only,
               "settings": {k: str(v) for k, v in asdict(settings).items()}}
     files = _OutputFiles(out, settings.runs, taxa, names)
     samples = [RunSamples() for _ in range(settings.runs)]
@@ -152,9 +153,22 @@ def starting_state(alignment: Alignment, model: str, settings: MC3Settings, seed
     data = pattern_data(alignment, starts)
     dtype = PRECISIONS[precision]
     widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b))
-    posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only)
+    posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only, settings.branch_rate)
     params = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
     return posterior, initial_state((starts.parents, starts.branch_lengths), params, posterior, settings, seed)
+
+
+def describe_priors(priors: dict | None) -> dict:
+    """A description of the prior replacements that is the same in every process (for the checkpoint's
+    settings): each distribution's class, parameters and transforms, not its address."""
+    def describe(d):
+        if callable(d) and not isinstance(d, dist.Distribution):
+            d = d(None)
+        if isinstance(d, dist.TransformedDistribution):
+            return {"base": describe(d.base_dist), "transforms": [type(t).__name__ for t in d.transforms]}
+        return {"type": type(d).__name__, **{k: np.asarray(getattr(d, k)).tolist() for k in sorted(d.arg_constraints)
+                                             if hasattr(d, k)}}
+    return {name: describe(d) for name, d in sorted((priors or {}).items())}
 
 
 def _converged(trace, settings: MC3Settings) -> bool:

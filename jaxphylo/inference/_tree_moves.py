@@ -90,15 +90,21 @@ def stochastic_nni(key, up, edge, num_tips: int):
 
 
 def descendants(up: Int[Array, "M"], node) -> Array:
-    """Mask of `node` and every node below it in the view (parents followed up to M times)."""
+    """Mask of `node` and every node below it in the view.
+
+    Pointer doubling: after round `k`, `hit[v]` says whether `node` is among
+    the first `2^k` of `v`'s ancestors (itself included) and `jump[v]` is
+    `v`'s `2^k`-th ancestor; `ceil(log2 M)` rounds, unrolled (no loop on the
+    device, whose every iteration would cost a launch and a host round trip).
+    """
     m = up.shape[0]
-
-    def climb(_, state):
-        current, hit = state
-        hit = hit | (current == node)
-        return jnp.where(current >= 0, up[jnp.maximum(current, 0)], -1), hit
-
-    _, hit = jax.lax.fori_loop(0, m, climb, (jnp.arange(m, dtype=up.dtype), jnp.zeros(m, bool)))
+    hit = jnp.arange(m) == node
+    jump = up
+    for _ in range(max(1, math.ceil(math.log2(m)))):
+        valid = jump >= 0
+        safe = jnp.maximum(jump, 0)
+        hit = hit | (valid & hit[safe])
+        jump = jnp.where(valid, jump[safe], -1)
     return hit
 
 
