@@ -50,13 +50,13 @@ def propose_site(key, u: Float[Array, "..."], support, tuning: Float[Array, ""])
     """One site's proposal `(u', log Hastings ratio in u)` for the move its support calls for."""
     kind, f = support_kind(support), biject_to(support)
     if kind == "positive":
-        return u + tuning * (jax.random.uniform(key, dtype=u.dtype) - 0.5), jnp.zeros((), u.dtype)
+        return u + tuning * (jax.random.uniform(key, u.shape, u.dtype) - 0.5), jnp.zeros((), u.dtype)
     if kind == "real":
         return u + tuning * jax.random.normal(key, u.shape, u.dtype), jnp.zeros((), u.dtype)
     x = f(u)
     if kind == "interval":
         lo, hi = support.lower_bound, support.upper_bound
-        moved = x + tuning * (jax.random.uniform(key, dtype=u.dtype) - 0.5)
+        moved = x + tuning * (jax.random.uniform(key, u.shape, u.dtype) - 0.5)
         x_new = _reflect(moved, lo, hi)
         log_q = jnp.zeros((), u.dtype)
     else:
@@ -70,7 +70,7 @@ def propose_site(key, u: Float[Array, "..."], support, tuning: Float[Array, ""])
 
 
 def _reflect(x, lo, hi):
-    """`x` folded back into `[lo, hi]` by reflections at the ends (a window narrower than the interval)."""
+    """`x` folded back into `[lo, hi]` by reflections at the ends (any number of them: the fold is symmetric)."""
     width = hi - lo
     y = jnp.mod(x - lo, 2 * width)
     return lo + jnp.where(y > width, 2 * width - y, y)
