@@ -3,6 +3,7 @@
 import math
 import re
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -110,3 +111,24 @@ def test_narrowed_set_against_iqtree(tmp_path):
         assert fit.log_likelihood == pytest.approx(theirs[fit.model], abs=0.05), fit.model
     chosen = re.search(r"Best-fit model: (\S+) chosen according to BIC", text).group(1)
     assert result.best == chosen
+
+
+def test_models_command_selects_a_model_per_part(tmp_path):
+    """`jaxphylo models ALN -p FILE`: two genes simulated under JC and under HKY+F+G4 (kappa 6, shape 0.3) on
+    one tree; each part gets its own family, and the written best scheme reads back with those models."""
+    taxa = tuple(f"t{i}" for i in range(8))
+    tree = jp.random_topology_tree(taxa, seed=1)
+    first = jp.simulate(tree, jp.parse_model("JC"), 300, seed=1)
+    second = jp.simulate(tree, jp.parse_model("HKY{6.0}+F{0.4,0.1,0.1,0.4}+G4{0.3}"), 900, seed=2)
+    path = tmp_path / "genes.fasta"
+    path.write_text("".join(f">{t}\n{a}{b}\n" for t, a, b in zip(taxa, first.sequences, second.sequences)))
+    (tmp_path / "genes.txt").write_text("DNA, jc_gene = 1-300\nDNA, hky_gene = 301-1200\n")
+    result = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "models", str(path), "-p", str(tmp_path / "genes.txt"),
+                             "--mset", "JC,HKY", "--mrate", "E,G", "--quiet"], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "Best-fit models according to BIC: jc_gene: JC, hky_gene: HKY+F+G4" in result.stdout, result.stdout
+    scheme = jp.read_partitions(tmp_path / "genes.fasta.best_scheme.nex")
+    assert scheme.names == ("jc_gene", "hky_gene") and scheme.models == ("JC69", "HKY85+F+G4")
+    assert [len(c) for c in scheme.sites(1200)] == [300, 900]
+    assert (tmp_path / "genes.fasta.hky_gene.models.tsv").read_text().splitlines()[1].startswith("HKY+F+G4\t")

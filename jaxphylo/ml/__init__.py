@@ -1,9 +1,9 @@
 """Maximum-likelihood inference: fitting on a fixed tree, topology search, branch support."""
 
 from ._fit import MLResult, fit
-from ._model_selection import ModelFit, ModelSelection, select_model
+from ._model_selection import ModelFit, ModelSelection, best_scheme_nexus, select_model, select_part_models
 from ._search import SearchSettings, check_inputs, search
 from ._support import bootstrap, robinson_foulds, sh_alrt, splits, with_supports
 
 __all__ = ["MLResult", "fit", "search", "SearchSettings", "check_inputs", "bootstrap", "sh_alrt", "splits", "robinson_foulds",
-           "with_supports", "select_model", "ModelSelection", "ModelFit"]
+           "with_supports", "select_model", "select_part_models", "best_scheme_nexus", "ModelSelection", "ModelFit"]

@@ -55,12 +55,14 @@ from .._errors import InputError, ModelError
 from .._neighbor_joining import bionj
 from .._tree import Tree
 from ..likelihood import data_log_likelihood, pattern_data
+from ..io._partitions import PartitionScheme
 from ..likelihood._api import PRECISIONS, _check_inputs
 from ..models import (
     EMPIRICAL_MODELS, GTR, HKY85, NAMED_DNA_MODELS, TN93, ConstrainedGTR, DiscreteGamma, FreeRates, InvariantSites,
     Model, RateVariation, SubstitutionModel, UniformRates, empirical_frequencies, parse_model, rate_classes,
 )
 from ..models._amino_acid import empirical_matrix
+from ..models._partitioned import split_alignment
 from ..models._rates import discrete_gamma_rates
 from ._fit import MLResult, _tree_lengths
 from ._optimise import minimise
@@ -445,6 +447,40 @@ class ModelSelection:
 
     def __str__(self):
         return self.table() + f"\nbest model under {self.criterion}: {self.best}  ({self.model_string})"
+
+
+def select_part_models(alignment: Alignment, scheme: PartitionScheme, tree: Tree | None = None,
+                       **options) -> dict[str, ModelSelection]:
+    """ModelFinder for every part of `scheme` (IQ-TREE's `-p FILE -m MF`): each part's candidates fitted by
+    `select_model` (same `options`) on one shared topology, by default BIONJ of the whole alignment.
+
+    Returns the selections by part name, in the scheme's order. Parts are
+    DNA or protein (the scheme's data type, else the alignment's); model
+    selection has no codon candidates, so a codon part is an error naming it.
+    """
+    kinds = []
+    for name, data_type in zip(scheme.names, scheme.data_types):
+        data_type = data_type or alignment.alphabet.name
+        if data_type not in ("dna", "protein"):
+            raise ModelError(f"{scheme.source}: part {name!r} is {data_type} data; model selection tests DNA and "
+                             "protein models")
+        kinds.append((data_type, 1))
+    parts = split_alignment(alignment, scheme, tuple(kinds))
+    if tree is None:
+        method = "jc69" if alignment.alphabet == DNA else "poisson"
+        tree = bionj(distances(alignment, method, saturated=10.0), alignment.taxa)
+    return {name: select_model(part, tree, **options) for name, part in zip(scheme.names, parts)}
+
+
+def best_scheme_nexus(scheme: PartitionScheme, selections: dict[str, ModelSelection]) -> str:
+    """The scheme with every part's best model, as IQ-TREE's `best_scheme.nex` (a NEXUS `sets` block whose
+    `charpartition` names the models; `read_partitions` reads it back)."""
+    lines = ["#NEXUS", "begin sets;"]
+    for name, ranges in zip(scheme.names, scheme.ranges):
+        lines.append(f"  charset {name} = {' '.join(str(r) for r in ranges)};")
+    chosen = ", ".join(f"{selections[name].best_model}:{name}" for name in scheme.names)
+    lines += [f"  charpartition best = {chosen};", "end;", ""]
+    return "\n".join(lines)
 
 
 def _criterion(criterion: str) -> str:

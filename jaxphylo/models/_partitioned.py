@@ -154,7 +154,8 @@ def _alignment_columns(alignment: Alignment) -> int:
 
 
 @lru_cache(maxsize=16)
-def _split(alignment: Alignment, scheme: PartitionScheme, kinds: tuple[tuple[str, int], ...]) -> tuple[Alignment, ...]:
+def split_alignment(alignment: Alignment, scheme: PartitionScheme, kinds: tuple[tuple[str, int], ...]) -> tuple[Alignment, ...]:
+    """The columns of every part as an alignment of the part's `(data type, genetic code)` in `kinds`."""
     sites = scheme.sites(_alignment_columns(alignment))
     return tuple(_columns_as_alignment(alignment, columns, kind, code, name)
                  for columns, (kind, code), name in zip(sites, kinds, scheme.names))
@@ -163,7 +164,7 @@ def _split(alignment: Alignment, scheme: PartitionScheme, kinds: tuple[tuple[str
 def part_alignments(alignment: Alignment, model: PartitionedModel) -> tuple[Alignment, ...]:
     """The alignment's columns of every part, each in its model's data type (codon parts re-encoded)."""
     kinds = tuple((m.alphabet.name, m.alphabet.genetic_code or 1) for m in model.models)
-    return _split(alignment, model.scheme, kinds)
+    return split_alignment(alignment, model.scheme, kinds)
 
 
 def partitioned_model(
@@ -204,7 +205,7 @@ def partitioned_model(
             string += "+" + default.split("+", 1)[1]
         strings.append(string)
         kinds.append((data_type, code))
-    parts = _split(alignment, scheme, tuple(kinds))
+    parts = split_alignment(alignment, scheme, tuple(kinds))
     models = []
     for name, string, part in zip(scheme.names, strings, parts):
         try:

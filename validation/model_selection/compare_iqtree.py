@@ -104,6 +104,8 @@ def main() -> None:
                "note": "ours cold = first select_model call in the process (compilation included); warm = same "
                        "call again. IQ-TREE -nt 1, -m MF, same run; same_tree uses -te with our BIONJ tree.",
                "datasets": {}}
+    if Path(args.out).exists():  # data sets run before (perhaps on another day) are kept beside the new ones
+        results["datasets"] = json.loads(Path(args.out).read_text())["datasets"]
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.datasets.split(","):
             print(f"# {name}", flush=True)
