@@ -394,3 +394,30 @@ def test_loglik_command_with_partitions(example, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "loglik", str(alignment_path), str(tree_path), "-m",
                           "JC", "-p", str(tmp_path / "ex.nex"), "--part-rates", "x"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--part-rates" in bad.stderr
+
+
+def test_phylo_ctmc_takes_a_partitioned_model(example, tmp_path):
+    """`PhyloCTMC(tree, partitioned model)` in a NumPyro model: its log density is the sum over parts (from an
+    Alignment or PartitionedData), and NumPyro's gradient in a part rate is the partitioned one's."""
+    import numpyro
+    from numpyro.infer.util import log_density
+
+    alignment, tree = example
+    model = jp.partitioned_model(example_scheme(tmp_path), alignment, rates=[0.7, 1.6, 1.1])
+    expected = float(jp.models.partitioned_log_likelihood(alignment, tree, model))
+    data = partitioned_data(alignment, tree, model)
+    for observed in (alignment, data):
+        assert float(jp.inference.PhyloCTMC(tree, model).log_prob(observed)) == pytest.approx(expected, abs=1e-9)
+
+    def program(rate):
+        scaled = eqx.tree_at(lambda m: m.rates, model, model.rates.at[0].set(rate))
+        numpyro.sample("alignment", jp.inference.PhyloCTMC(tree, scaled), obs=data)
+
+    gradient = jax.grad(lambda r: log_density(program, (r,), {}, {})[0])(0.7)
+    direct = jax.grad(lambda r: jnp.sum(partitioned_data_log_likelihoods(
+        data, tree, eqx.tree_at(lambda m: m.rates, model, model.rates.at[0].set(r)))))(0.7)
+    assert float(gradient) == pytest.approx(float(direct), rel=1e-10) and float(gradient) != 0.0
+    with pytest.raises(jp.ModelError, match="unpartitioned models only"):
+        jp.inference.PhyloCTMC(tree, model, num_sites=10).sample(jax.random.PRNGKey(0))
+    with pytest.raises(jp.InputError, match="observes an Alignment or PartitionedData"):
+        jp.inference.PhyloCTMC(tree, model).log_prob(jnp.zeros(3))

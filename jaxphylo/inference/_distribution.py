@@ -15,7 +15,8 @@ from .._alignment import Alignment
 from .._errors import InputError, ModelError
 from .._tree import Tree
 from ..likelihood import PatternData, data_log_likelihood, pattern_data
-from ..models import Model
+from ..models import Model, PartitionedModel, partitioned_data, partitioned_data_log_likelihoods
+from ..models._partitioned import PartitionedData
 
 
 class PhyloCTMC(Distribution):
@@ -36,6 +37,12 @@ class PhyloCTMC(Distribution):
     data when the model is called with `obs=None`): `num_sites` independent
     columns as uncompressed `PatternData` (one pattern per site, weight 1),
     which `log_prob` accepts back. See `simulate_pattern_data`.
+
+    `model` may be a `PartitionedModel` (`jp.partitioned_model`: a model per
+    part, branch lengths linked, proportional or unlinked): `log_prob` is then
+    `sum_k log L(A_k | tree, t_k, M_k)` over the parts, and `obs` an
+    `Alignment` or the `PartitionedData` of `jp.models.partitioned_data`.
+    Drawing alignments is for unpartitioned models.
     """
 
     support = constraints.real  # an alignment is not an array; NumPyro only needs log_prob
@@ -46,14 +53,27 @@ class PhyloCTMC(Distribution):
         super().__init__(batch_shape=(), event_shape=(), validate_args=validate_args)
 
     def log_prob(self, value):
+        if isinstance(self.model, PartitionedModel):
+            return self._partitioned_log_prob(value)
         if isinstance(value, Alignment):
             value = pattern_data(value, self.tree)
         if not isinstance(value, PatternData):
             raise InputError(f"PhyloCTMC observes an Alignment or PatternData, not {type(value).__name__}")
         return data_log_likelihood(value, self.tree, self.model, precision=self.precision)
 
+    def _partitioned_log_prob(self, value):
+        if isinstance(value, Alignment):
+            value = partitioned_data(value, self.tree, self.model)
+        if not isinstance(value, PartitionedData):
+            raise InputError("PhyloCTMC with a partitioned model observes an Alignment or PartitionedData, "
+                             f"not {type(value).__name__}")
+        return jnp.sum(partitioned_data_log_likelihoods(value, self.tree, self.model, precision=self.precision))
+
     def sample(self, key: PRNGKeyArray, sample_shape: tuple[int, ...] = ()) -> PatternData:
         """Alignments drawn with `key`: `PatternData` of `num_sites` sites, leaves led by `sample_shape`."""
+        if isinstance(self.model, PartitionedModel):
+            raise ModelError("PhyloCTMC draws alignments of unpartitioned models only; simulate each part's "
+                             "model with jp.simulate")
         if self.num_sites is None:
             raise ModelError("PhyloCTMC draws alignments only with num_sites: PhyloCTMC(tree, model, num_sites=N)")
         if not sample_shape:
