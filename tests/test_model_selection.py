@@ -132,3 +132,8 @@ def test_models_command_selects_a_model_per_part(tmp_path):
     assert scheme.names == ("jc_gene", "hky_gene") and scheme.models == ("JC69", "HKY85+F+G4")
     assert [len(c) for c in scheme.sites(1200)] == [300, 900]
     assert (tmp_path / "genes.fasta.hky_gene.models.tsv").read_text().splitlines()[1].startswith("HKY+F+G4\t")
+    (tmp_path / "codon.txt").write_text("CODON, c = 1-300\nDNA, d = 301-1200\n")
+    codon = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "models", str(path), "-p", str(tmp_path / "codon.txt")],
+                           capture_output=True, text=True, timeout=600)
+    assert codon.returncode == 2 and "part 'c' is codon data" in codon.stderr, codon.stderr
+    assert len(codon.stderr.strip().splitlines()) == 1
