@@ -95,11 +95,9 @@ def mrbayes_to_stop(case: str, max_generations: int, seed: int) -> dict | None:
     import mrbayes_reference as mb
 
     part = {"DS1": "ds1_stoprule", "carnivores": "carnivores_fixed"}[case]
-    data, model, _, _ = mb.PARTS[part]
-    mb.PARTS[part] = (data, model, max_generations, True)  # the stop rule for both cases here
     with tempfile.TemporaryDirectory() as tmp:
         _, record = mb.run_part(part, seed, "beagle", max_generations, Path(tmp), data_root=SHARED_DATA,
-                                results=Path(tmp), golden=False)
+                                results=Path(tmp), golden=False, stoprule=True)
     return {k: record[k] for k in ("generations", "wall_seconds", "final_asdsf", "stopped_by_rule",
                                    "generations_per_second", "mrbayes_version")}
 

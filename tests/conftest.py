@@ -57,6 +57,28 @@ class StopAfter:
         return "test stop" if self.reads < 0 else None
 
 
+def sigterm_at_random_moment(command, low: float, high: float, **popen) -> tuple[str, float]:
+    """Start `command`, send SIGTERM after a uniform `[low, high]` s, and check the clean stop every long command
+    owes: exit 75 within 30 s, a `--resume` hint, no traceback. Returns (stderr, the delay); skips the test when
+    the run finished first."""
+    import signal
+    import time
+
+    delay = float(np.random.default_rng().uniform(low, high))
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **popen)
+    time.sleep(delay)
+    sent = time.time()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=600)
+    waited = time.time() - sent
+    if process.returncode == 0:
+        pytest.skip(f"the run finished before SIGTERM at {delay:.1f} s")
+    assert process.returncode == 75, stderr
+    assert waited < 30, f"stopped {waited:.1f} s after SIGTERM (sent at {delay:.1f} s)"
+    assert "--resume" in stderr and "Traceback" not in stderr
+    return stderr, delay
+
+
 def write_fasta(alignment, path: Path) -> Path:
     with open(path, "w") as handle:
         for name, sequence in zip(alignment.taxa, alignment.sequences):

@@ -22,7 +22,7 @@ from jaxphylo.inference._mc3 import MC3Settings
 from jaxphylo.inference._mc3_run import mc3
 from jaxphylo.ml._support import _kernel_splits
 
-from conftest import StopAfter
+from conftest import StopAfter, sigterm_at_random_moment
 
 TAXA = tuple(f"t{i}" for i in range(5))
 
@@ -196,8 +196,6 @@ def test_mcmc_sigterm_at_a_random_moment_exits_saved_and_resumes_to_the_same_byt
     """SIGTERM anywhere in `jaxphylo mcmc` (start-up, compilation, a block): exit 75 within 30 s; `--resume`
     ends with the files of an uninterrupted run."""
     import os
-    import signal
-    import time
     from pathlib import Path
 
     path = tmp_path / "five.fasta"
@@ -208,17 +206,7 @@ def test_mcmc_sigterm_at_a_random_moment_exits_saved_and_resumes_to_the_same_byt
     whole = subprocess.run(command + ["--out", str(tmp_path / "whole")], capture_output=True, text=True, env=env,
                            timeout=600)
     assert whole.returncode == 0, whole.stderr
-    delay = float(np.random.default_rng().uniform(2.0, 12.0))
-    process = subprocess.Popen(command + ["--out", str(tmp_path / "cut")], env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-    time.sleep(delay)
-    sent = time.time()
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=600)
-    if process.returncode == 0:
-        pytest.skip(f"the run finished before SIGTERM at {delay:.1f} s")
-    assert process.returncode == 75 and time.time() - sent < 30, stderr
-    assert "--resume" in stderr and "Traceback" not in stderr
+    _, delay = sigterm_at_random_moment(command + ["--out", str(tmp_path / "cut")], 2.0, 12.0, env=env)
     resumed = subprocess.run(command + ["--out", str(tmp_path / "cut"), "--resume"], capture_output=True, text=True,
                              env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr

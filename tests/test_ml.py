@@ -12,10 +12,8 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -30,7 +28,7 @@ from jaxphylo._schedule import phase_widths
 from jaxphylo.likelihood import batch_data_log_likelihoods, pattern_data
 from jaxphylo.ml._nni import apply_nnis, nni_scores
 from jaxphylo.ml._search import kernel_batch
-from conftest import StopAfter, dataset, require, write_fasta
+from conftest import StopAfter, dataset, require, sigterm_at_random_moment, write_fasta
 
 
 def iqtree_fit(alignment_path, tree_path, model, workdir, data_type=None) -> float:
@@ -268,19 +266,8 @@ def test_ml_sigterm_at_a_random_moment_exits_saved_and_resumes_to_the_same_bytes
     reference, whole = ml_command_run
     shutil.copy(reference / "sim.fasta", tmp_path / "sim.fasta")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
-    delay = float(np.random.default_rng().uniform(3.0, 40.0))
-    process = subprocess.Popen([sys.executable, "-m", "jaxphylo.cli", *ML_COMMAND], cwd=tmp_path, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(delay)
-    sent = time.time()
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=600)
-    waited = time.time() - sent
-    if process.returncode == 0:
-        pytest.skip(f"the run finished before SIGTERM at {delay:.1f} s")
-    assert process.returncode == 75, stderr
-    assert waited < 30, f"stopped {waited:.1f} s after SIGTERM (sent at {delay:.1f} s)"
-    assert "--resume" in stderr and "Traceback" not in stderr
+    _, delay = sigterm_at_random_moment([sys.executable, "-m", "jaxphylo.cli", *ML_COMMAND], 3.0, 40.0,
+                                        cwd=tmp_path, env=env)
     resumed = run_cli(*ML_COMMAND, "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout == whole.stdout

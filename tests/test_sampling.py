@@ -4,10 +4,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import arviz as az
@@ -20,6 +18,8 @@ from jaxphylo.inference import Analysis, prepare
 from jaxphylo._checkpoint import load_checkpoint
 from jaxphylo.inference._runner import run_nuts
 from numpyro.infer.util import log_density
+
+from conftest import sigterm_at_random_moment
 
 EXAMPLE = ("jaxphylo/examples/example.fasta", "jaxphylo/examples/example.nwk")
 
@@ -127,19 +127,7 @@ def test_sigterm_at_a_random_moment_saves_requeues_and_resumes_to_the_same_bytes
     job = readme_slurm_script(tmp_path)
     env = dict(os.environ, PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", SLURM_JOB_ID="42",
                PYTHONPATH=str(Path(__file__).parents[1]))
-    delay = float(np.random.default_rng().uniform(2.0, 25.0))
-    process = subprocess.Popen(["bash", str(job)], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-    time.sleep(delay)
-    sent = time.time()
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=600)
-    waited = time.time() - sent
-    if process.returncode == 0:
-        pytest.skip(f"the run finished before SIGTERM at {delay:.1f} s")
-    assert process.returncode == 75, stderr
-    assert waited < 30, f"stopped {waited:.1f} s after SIGTERM (sent at {delay:.1f} s)"
-    assert "--resume" in stderr and "Traceback" not in stderr
+    _, delay = sigterm_at_random_moment(["bash", str(job)], 2.0, 25.0, cwd=tmp_path, env=env)
     assert (tmp_path / "requeued").read_text().strip() == "requeue 42"
     again = subprocess.run(["bash", str(job)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr

@@ -466,10 +466,14 @@ def select_part_models(alignment: Alignment, scheme: PartitionScheme, tree: Tree
                              "protein models")
         kinds.append((data_type, 1))
     parts = split_alignment(alignment, scheme, tuple(kinds))
-    if tree is None:
-        method = "jc69" if alignment.alphabet == DNA else "poisson"
-        tree = bionj(distances(alignment, method, saturated=10.0), alignment.taxa)
+    tree = _bionj_start(alignment) if tree is None else tree
     return {name: select_model(part, tree, **options) for name, part in zip(scheme.names, parts)}
+
+
+def _bionj_start(alignment: Alignment) -> Tree:
+    """The topology candidates are fitted on without a given tree: BIONJ of JC69 (DNA) or Poisson distances."""
+    method = "jc69" if alignment.alphabet == DNA else "poisson"
+    return bionj(distances(alignment, method, saturated=10.0), alignment.taxa)
 
 
 def best_scheme_nexus(scheme: PartitionScheme, selections: dict[str, ModelSelection]) -> str:
@@ -659,9 +663,7 @@ def select_model(
         raise InputError(f"select_model needs an Alignment, not {type(alignment).__name__}")
     if len(alignment.taxa) < 3:
         raise InputError(f"{alignment.source}: model selection needs at least 3 taxa, got {len(alignment.taxa)}")
-    if tree is None:
-        method = "jc69" if alignment.alphabet == DNA else "poisson"
-        tree = bionj(distances(alignment, method, saturated=10.0), alignment.taxa)
+    tree = _bionj_start(alignment) if tree is None else tree
     if batch_size == -1:
         batch_size = 1 if jax.default_backend() == "cpu" else None
     if candidates is not None and (mset is not None or mrate is not None):

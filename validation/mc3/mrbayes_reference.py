@@ -112,10 +112,11 @@ def sampled_topologies(tree_file: Path) -> list[frozenset]:
 
 
 def run_part(part: str, seed: int, likelihood: str, ngen: int, workdir: Path, data_root: Path = DATA,
-             results: Path = RESULTS, golden: bool = True) -> tuple[str, dict]:
+             results: Path = RESULTS, golden: bool = True, stoprule: bool | None = None) -> tuple[str, dict]:
     """Run one MrBayes analysis in `workdir`; return its name and its record for the JSON (screen log and
-    consensus tree copied to `results`)."""
-    data, model, _, stoprule = PARTS[part]
+    consensus tree copied to `results`). `stoprule` overrides the part's."""
+    data, model, _, own_rule = PARTS[part]
+    stoprule = own_rule if stoprule is None else stoprule
     name = f"{part}_{likelihood}" + (f"_seed{seed}" if seed != 1 else "")
     folder = workdir / name
     folder.mkdir()
