@@ -204,6 +204,22 @@ def rough_bytes(data, tree: Tree, model, precision: str, batch: int) -> int:
     return 3 * batch * partials + data.tip_codes.size * 4
 
 
+def _single_model_view(data, model):
+    """A partitioned model's costs as one model's: the part with the most states x categories on every group's
+    patterns side by side (an upper bound: each part evaluates only its own patterns, at its own size)."""
+    from .likelihood._api import PatternData
+    from .models import PartitionedModel
+
+    if not isinstance(model, PartitionedModel):
+        return data, model
+    size = lambda m: m.frequencies.shape[-1] * jax.eval_shape(m.rate_categories)[1].shape[0]
+    widest = max(model.models, key=size)
+    group = next(g for g in data.groups if model.models[g.parts[0]].frequencies.shape[-1] == widest.frequencies.shape[-1])
+    patterns = int(data.weights.shape[0])
+    codes = np.full((group.tip_codes.shape[1], patterns), group.tip_table.shape[1] - 1, np.int32)
+    return PatternData(codes, np.asarray(group.tip_table[0]), np.ones(patterns)), widest
+
+
 def plan(data, tree: Tree, model, precision: str, batch: int, dry_run: bool, sites: int | None = None,
          log=print, program=None) -> None:
     """What `--dry-run` prints (then the caller exits); otherwise stop a run that cannot fit.
@@ -213,6 +229,7 @@ def plan(data, tree: Tree, model, precision: str, batch: int, dry_run: bool, sit
     The full estimate compiles (seconds), so a run whose rough bound is under a
     tenth of the free memory starts without it.
     """
+    data, model = _single_model_view(data, model)
     device = jax.devices()[0]
     if not dry_run and rough_bytes(data, tree, model, precision, batch) < device_free_memory(device)[0] / 10:
         return

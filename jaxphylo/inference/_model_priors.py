@@ -12,6 +12,10 @@ Defaults (override any by name with `priors={"kappa": dist.LogNormal(0, 1)}`):
 | `gamma_shape` | Exponential(1) (MrBayes's default) |
 | `proportion_invariant` | Uniform(0, 1) |
 | `free_rate_weights`, `free_rates` | Dirichlet(1, ..., 1) each |
+| `part_rates` | Dirichlet(1, ..., 1) on a partitioned model's rate multipliers (`-p` linking) |
+
+A `PartitionedModel`'s parts take these sites each, named `part.site`
+(`gene1.kappa`), with the same priors; `estimated` is then a `PartsEstimated`.
 
 `MRBAYES_PRIORS` replaces kappa's prior with MrBayes's `tratiopr=beta(1,1)`
 (a Beta(1,1) on kappa / (1 + kappa)).
@@ -23,9 +27,11 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
+from numpyro import handlers
 from numpyro.distributions.transforms import ExpTransform, SigmoidTransform
 
-from ..models import GTR, GY94, HKY85, TN93, ConstrainedGTR, DiscreteGamma, FreeRates, InvariantSites, Model
+from ..models import (GTR, GY94, HKY85, TN93, ConstrainedGTR, DiscreteGamma, FreeRates, InvariantSites, Model,
+                      PartitionedModel)
 
 
 def default_priors() -> dict:
@@ -42,6 +48,7 @@ def default_priors() -> dict:
         "proportion_invariant": dist.Uniform(0.0, 1.0),
         "free_rate_weights": lambda n: dist.Dirichlet(jnp.ones(n)),
         "free_rates": lambda n: dist.Dirichlet(jnp.ones(n)),
+        "part_rates": lambda n: dist.Dirichlet(jnp.ones(n)),
     }
 
 
@@ -58,12 +65,22 @@ def _prior(priors, name, size=None):
     return chosen(size) if callable(chosen) and not isinstance(chosen, dist.Distribution) else chosen
 
 
-def sample_model(model: Model, estimated: frozenset[str], priors: dict | None = None) -> Model:
+def sample_model(model: Model | PartitionedModel, estimated, priors: dict | None = None) -> Model | PartitionedModel:
     """`model` with every estimated parameter replaced by a NumPyro sample site.
 
-    `estimated` comes from `jp.models.estimated_parameters(model_string)`.
+    `estimated` comes from `jp.models.estimated_parameters(model_string)`;
+    for a `PartitionedModel`, a `PartsEstimated`: one such set per part, and
+    whether the rate multipliers are free (module docstring).
     """
     priors = priors or {}
+    if isinstance(model, PartitionedModel):
+        models = tuple(handlers.scope(sample_model, prefix=name, divider=".")(m, free, priors)
+                       for name, m, free in zip(model.names, model.models, estimated.parts))
+        if not (estimated.rates and model.rates_free):
+            return model.with_parts(models, model.rates)
+        fitted = model.with_parts(models, numpyro.sample("part_rates", _prior(priors, "part_rates", model.num_parts)))
+        numpyro.deterministic("part_rate_multipliers", fitted.normalised_rates())  # site-weighted mean 1
+        return fitted
     sub, rates = model.substitution, model.rate_variation
     if "frequencies" in estimated:
         n = sub.frequencies.shape[-1]
@@ -105,9 +122,15 @@ def _sample_exchangeabilities(sub, priors):
     return sub
 
 
-def initial_values(model: Model, estimated: frozenset[str]) -> dict:
+def initial_values(model: Model | PartitionedModel, estimated) -> dict:
     """The parsed model's values of the estimated sites: a start for the sampler."""
     values = {}
+    if isinstance(model, PartitionedModel):
+        for name, m, free in zip(model.names, model.models, estimated.parts):
+            values.update({f"{name}.{site}": value for site, value in initial_values(m, free).items()})
+        if estimated.rates and model.rates_free:
+            values["part_rates"] = model.rates / jnp.sum(model.rates)
+        return values
     sub, rates = model.substitution, model.rate_variation
     base = rates.base if isinstance(rates, InvariantSites) else rates
     if "frequencies" in estimated:

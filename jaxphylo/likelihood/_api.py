@@ -82,12 +82,17 @@ def _check_inputs(alignment: Alignment, tree: Tree | TreeBatch, model: Model) ->
 METHODS = ("preorder", "autodiff")
 
 
-def kernel_arrays(model: Model, layout_lengths: Float[Array, "B ids"], data: PatternData, dtype):
-    """What the kernels take: `(P in layout order, pi, w, tip codes, tip table)` in the working precision.
+def model_arrays(model: Model, layout_lengths: Float[Array, "B ids"], dtype, per_tree_models: bool = False):
+    """The model's share of the kernels' input: `(P in layout order, pi, w)` in the working precision.
 
     Transition matrices (and the model's eigensystem) are computed in the
     model's own precision (float64 by default) and then cast: they are small.
+    With `per_tree_models` every leaf of `model` has a leading `[B]` axis and
+    tree `b` takes model `b` (only these small arrays are vmapped).
     """
+    if per_tree_models:
+        one = lambda m, lengths: tuple(x[0] for x in model_arrays(m, lengths[None], dtype))
+        return jax.vmap(one)(model, layout_lengths)
     batch, ids = layout_lengths.shape
     transition = model.transition_matrices(layout_lengths.reshape(-1))
     transition = transition.reshape((batch, ids) + transition.shape[1:])
@@ -96,9 +101,12 @@ def kernel_arrays(model: Model, layout_lengths: Float[Array, "B ids"], data: Pat
         transition.astype(dtype),
         jnp.broadcast_to(model.frequencies.astype(dtype), (batch,) + model.frequencies.shape),
         jnp.broadcast_to(weights.astype(dtype), (batch,) + weights.shape),
-        data.tip_codes,
-        data.tip_table.astype(dtype),
     )
+
+
+def kernel_arrays(model: Model, layout_lengths: Float[Array, "B ids"], data: PatternData, dtype):
+    """What the kernels take: `model_arrays` and then `(tip codes, tip table)` in the working precision."""
+    return model_arrays(model, layout_lengths, dtype) + (data.tip_codes, data.tip_table.astype(dtype))
 
 
 def layout_lengths(branch_lengths: Float[Array, " nodes"], index, schedule: Schedule) -> Float[Array, "1 ids"]:
@@ -137,27 +145,34 @@ def _batch_pattern_log_likelihoods(model: Model, parents, branch_lengths, data: 
                                    per_tree_models: bool = False):
     """`[B, patterns]`: the schedule is built on the device, so topologies are data.
 
+    A `PartitionedModel` (with `PartitionedData`) gives its parts' patterns
+    side by side (`PartitionedData.weights` is the matching weight vector).
+
     With `per_tree_models` every leaf of `model` has a leading `[B]` axis: tree
     `b` is evaluated under model `b` (MC³ chains each carry their parameters);
     only the small per-model arrays are vmapped, the kernel sees one batch.
     """
+    from ..models._partitioned import PartitionedModel, batch_part_pattern_log_likelihoods
+
     schedule = device_schedule(parents, widths)
-    lengths = batch_layout_lengths(branch_lengths, schedule)
-    if per_tree_models:
-        own = jax.vmap(lambda m, l: tuple(x[0] for x in kernel_arrays(m, l[None], data, dtype)[:3]))(model, lengths)
-        arrays = own + (data.tip_codes, data.tip_table.astype(dtype))
-    else:
-        arrays = kernel_arrays(model, lengths, data, dtype)
-    return _kernel(arrays, schedule, None)
+    if isinstance(model, PartitionedModel):
+        return batch_part_pattern_log_likelihoods(model, schedule, branch_lengths, data, dtype, per_tree_models)
+    arrays = model_arrays(model, batch_layout_lengths(branch_lengths, schedule), dtype, per_tree_models)
+    return _kernel(arrays + (data.tip_codes, data.tip_table.astype(dtype)), schedule, None)
 
 
 STEP_BYTES = 1 << 28  # cap on one `[width, C, P, S]` temporary of a level step
 
 
 def max_step_width(model: Model, data: PatternData, dtype, batch: int = 1) -> int:
-    """Widest step whose `[batch, width, C, P, S]` temporaries stay near `STEP_BYTES`."""
+    """Widest step whose `[batch, width, C, P, S]` temporaries stay near `STEP_BYTES` (a partitioned
+    model's: the widest of its groups, whose parts are one more batch axis)."""
+    from ..models._partitioned import PartitionedModel
+
+    if isinstance(model, PartitionedModel):
+        return min(max_step_width(model.models[g.parts[0]], g, dtype, batch * len(g.parts)) for g in data.groups)
     _, weights = jax.eval_shape(model.rate_categories)
-    node_bytes = weights.shape[0] * data.tip_codes.shape[1] * data.tip_table.shape[1] * jnp.dtype(dtype).itemsize
+    node_bytes = weights.shape[0] * data.tip_codes.shape[-1] * data.tip_table.shape[-1] * jnp.dtype(dtype).itemsize
     return max(1, STEP_BYTES // (batch * node_bytes))
 
 
@@ -187,9 +202,14 @@ def data_log_likelihood(data: PatternData, tree: Tree, model: Model, *, precisio
     The level loops get the topology's step counts as static lengths (the fast
     form for NUTS and optimisers on one topology; a new topology compiles anew,
     as a `Tree`'s static topology would make any enclosing jit do anyway).
-    A `TreeBatch` gives `[B]` (see `batch_data_log_likelihoods`).
+    A `TreeBatch` gives `[B]` (see `batch_data_log_likelihoods`). A
+    `PartitionedModel` takes the `PartitionedData` of `models.partitioned_data`.
     """
+    from ..models._partitioned import PartitionedModel, partitioned_data_log_likelihoods
+
     _check_options(precision, "preorder")
+    if isinstance(model, PartitionedModel):
+        return jnp.sum(partitioned_data_log_likelihoods(data, tree, model, precision=precision))
     if isinstance(tree, TreeBatch):
         return batch_data_log_likelihoods(data, tree, model, precision=precision)
     states = jax.eval_shape(lambda: model.frequencies).shape[-1]

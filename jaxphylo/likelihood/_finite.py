@@ -85,14 +85,14 @@ def require_finite(value, *, model, tree, per_pattern=None, gradient=None, where
 def check_start(data, tree, model, precision: str = "float64", where: str = "starting log-likelihood") -> float:
     """The log-likelihood of pattern `data` on `tree` under `model`, once it and its gradient are known finite."""
     from .._schedule import branch_index
-    from ._api import PRECISIONS, _pattern_log_likelihoods, data_log_likelihood, schedule_for
+    from ._api import PRECISIONS, PatternData, _pattern_log_likelihoods, data_log_likelihood, schedule_for
 
     def total(lengths, model):
         return data_log_likelihood(data, tree.with_branch_lengths(lengths), model, precision=precision)
 
     value, (d_lengths, d_model) = jax.value_and_grad(total, argnums=(0, 1))(tree.branch_lengths, model)
     per_pattern = None
-    if not np.isfinite(float(value)):
+    if not np.isfinite(float(value)) and isinstance(data, PatternData):  # one model's patterns: name the worst
         dtype = PRECISIONS[precision]
         per_pattern = _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule_for(tree, model, data, dtype),
                                                branch_index(tree.topology), dtype)

@@ -29,7 +29,8 @@ from numpyro.distributions import biject_to, constraints
 
 from .._errors import ModelError
 from ..inference._model_priors import initial_values, sample_model
-from ..models import GTR, K80, JC69, NAMED_DNA_MODELS, ConstrainedGTR, FreeRates, InvariantSites, Model
+from ..models import (GTR, K80, JC69, NAMED_DNA_MODELS, ConstrainedGTR, FreeRates, InvariantSites, Model,
+                      PartitionedModel, PartsEstimated)
 
 MIN_LENGTH, MAX_LENGTH = 1e-6, 10.0
 SECOND_SHAPE_START = 0.5
@@ -49,11 +50,12 @@ class ModelCoordinates(eqx.Module):
     """The free parameters of `template` (those named in `estimated`): a dict of unconstrained arrays, and back.
 
     A pytree (the template's values are data, so one compiled fit serves every
-    start and data set of the same shapes). Calling it is `model`.
+    start and data set of the same shapes). Calling it is `model`. A
+    `PartitionedModel` template takes one set of names per part (`estimate_sets`).
     """
 
-    template: Model
-    estimated: frozenset[str] = eqx.field(static=True)
+    template: Model | PartitionedModel
+    estimated: frozenset[str] | PartsEstimated = eqx.field(static=True)
 
     def start(self) -> dict:
         """The template's own values of the free parameters, unconstrained.
@@ -79,10 +81,11 @@ class ModelCoordinates(eqx.Module):
         one at 0.145) that L-BFGS may jump into from 1.0; fits keep the best.
         """
         own = self.start()
-        if "gamma_shape" not in own:
+        shapes = [name for name in own if name.rsplit(".", 1)[-1] == "gamma_shape"]  # a partitioned model's too
+        if not shapes:
             return [own]
-        other = dict(own, gamma_shape=biject_to(constraints.positive).inv(jnp.asarray(SECOND_SHAPE_START)))
-        return [own, other]
+        second = biject_to(constraints.positive).inv(jnp.asarray(SECOND_SHAPE_START))
+        return [own, dict(own, **{name: second for name in shapes})]
 
     def model(self, unconstrained: dict) -> Model:
         """The template with every free parameter replaced by the image of its coordinates (scale kept, see module)."""
@@ -100,14 +103,18 @@ class ModelCoordinates(eqx.Module):
         return {name: site["value"] for name, site in trace.items() if site["type"] == "sample"}
 
 
-def _template_scale(model: Model, template: Model, estimated: frozenset[str]) -> Model:
+def _template_scale(model, template, estimated):
     """`model` with its scale-free vectors multiplied back to the template's sums.
 
     `sample_model` writes GTR rates as `6 x`, class rates as `k x` and free-rate
     weights and rates as `x` (simplexes `x`); `r = (sum r_template / sum r) r`
     changes no likelihood (the rate matrix and the categories are normalised)
     and makes the round trip `model(start())` return the template itself.
+    A partitioned model's parts are scaled each.
     """
+    if isinstance(model, PartitionedModel):
+        return model.with_parts(tuple(_template_scale(m, t, free) for m, t, free in
+                                      zip(model.models, template.models, estimated.parts)), model.rates)
     sub, rates = model.substitution, model.rate_variation
     if "exchangeabilities" in estimated and isinstance(sub, GTR):
         own, given = sub.rates, template.substitution.rates
@@ -124,16 +131,39 @@ def _template_scale(model: Model, template: Model, estimated: frozenset[str]) ->
     return Model(sub, rates)
 
 
-def _default_estimate(model: Model) -> frozenset[str]:
-    """Every parameter group, less the frequencies of a model whose frequencies are equal by definition."""
+def _default_estimate(model):
+    """Every parameter group, less the frequencies of a model whose frequencies are equal by definition
+    (a partitioned model: one such set per part)."""
+    if isinstance(model, PartitionedModel):
+        return PartsEstimated(tuple(_default_estimate(m) for m in model.models), True)
     sub = model.substitution
     equal = isinstance(sub, (JC69, K80)) or (isinstance(sub, ConstrainedGTR) and sub.name in NAMED_DNA_MODELS
                                               and NAMED_DNA_MODELS[sub.name][1])
     return PARAMETER_GROUPS - {"frequencies"} if equal else PARAMETER_GROUPS
 
 
+def estimate_sets(model, estimate):
+    """`estimate` as `ModelCoordinates` keeps it: a frozenset, or for a partitioned model a `PartsEstimated`.
+
+    For a partitioned model, one set (for every part) or one set per part;
+    the rate multipliers are free unless nothing is (`()`), or pass a
+    `PartsEstimated` to say so.
+    """
+    if not isinstance(model, PartitionedModel):
+        return frozenset(estimate)
+    if isinstance(estimate, PartsEstimated):
+        return estimate
+    if isinstance(estimate, (set, frozenset)) or all(isinstance(x, str) for x in estimate):
+        sets = (frozenset(estimate),) * model.num_parts
+    else:
+        sets = tuple(frozenset(x) for x in estimate)
+    if len(sets) != model.num_parts:
+        raise ModelError(f"{len(sets)} parameter sets for a model of {model.num_parts} parts")
+    return PartsEstimated(sets, bool(list(estimate)))
+
+
 def unconstrain(
-    model: Model, estimate: Iterable[str] | None = None
+    model: Model | PartitionedModel, estimate: Iterable[str] | None = None
 ) -> tuple[dict[str, Float[Array, "..."]], ModelCoordinates]:
     """An unconstrained view of `model`: `(params, rebuild)` with `rebuild(params)` equal to `model`.
 
@@ -155,9 +185,14 @@ def unconstrain(
     K80, K3P, TNe, SYM, ...). Frequencies and omega below 1e-3 are raised to
     1e-3 first (the boundary has no finite coordinate); otherwise the round
     trip is exact to rounding. This is the mapping `jaxphylo.ml.fit` uses.
+
+    A `PartitionedModel`'s sites are named `part.site` (`gene1.kappa`), plus
+    `part_rates` (a simplex) when its lengths are linked proportionally;
+    `estimate` is then one set for every part, or a set per part.
     """
-    names = _default_estimate(model) if estimate is None else frozenset(estimate)
-    if unknown := sorted(names - PARAMETER_GROUPS):
-        raise ModelError(f"unknown parameter group {unknown[0]!r}; known: {', '.join(sorted(PARAMETER_GROUPS))}")
+    names = _default_estimate(model) if estimate is None else estimate_sets(model, estimate)
+    for free in names.parts if isinstance(model, PartitionedModel) else [names]:
+        if unknown := sorted(free - PARAMETER_GROUPS):
+            raise ModelError(f"unknown parameter group {unknown[0]!r}; known: {', '.join(sorted(PARAMETER_GROUPS))}")
     coordinates = ModelCoordinates(model, names)
     return coordinates.start(), coordinates

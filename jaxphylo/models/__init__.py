@@ -8,7 +8,7 @@ from ._model import Model
 from ._nucleotide import F81, GTR, HKY85, JC69, K80, NAMED_DNA_MODELS, TN93, ConstrainedGTR, rate_classes
 from ._parse import estimated_parameters, model_string, parse_model
 from ._partitioned import (
-    PartitionedModel, part_alignments, partitioned_data, partitioned_data_log_likelihoods, partitioned_log_likelihood,
+    PartitionedModel, PartsEstimated, part_alignments, partitioned_data, partitioned_data_log_likelihoods, partitioned_log_likelihood,
     partitioned_log_likelihoods, partitioned_model,
 )
 from ._rates import DiscreteGamma, FreeRates, InvariantSites, RateVariation, UniformRates
@@ -19,6 +19,6 @@ __all__ = [
     "EmpiricalAminoAcid", "EMPIRICAL_MODELS", "GY94",
     "RateVariation", "UniformRates", "DiscreteGamma", "FreeRates", "InvariantSites",
     "empirical_frequencies", "codon_frequencies",
-    "PartitionedModel", "partitioned_model", "part_alignments", "partitioned_data", "partitioned_data_log_likelihoods",
+    "PartitionedModel", "PartsEstimated", "partitioned_model", "part_alignments", "partitioned_data", "partitioned_data_log_likelihoods",
     "partitioned_log_likelihood", "partitioned_log_likelihoods",
 ]

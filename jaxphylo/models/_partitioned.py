@@ -40,7 +40,7 @@ have the same structure (one eigendecomposition each, all in one op).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import equinox as eqx
 import jax
@@ -59,6 +59,13 @@ from ._parse import _ALIASES, parse_model
 LINKS = ("proportional", "equal", "unlinked")
 
 
+class PartsEstimated(NamedTuple):
+    """What inference frees in a partitioned model: parameter groups per part, and whether the rate multipliers."""
+
+    parts: tuple[frozenset[str], ...]
+    rates: bool
+
+
 class PartitionedModel(eqx.Module):
     """A model per part of a `PartitionScheme` and how the parts' branch lengths are linked (module docstring).
 
@@ -74,6 +81,7 @@ class PartitionedModel(eqx.Module):
     scheme: PartitionScheme = eqx.field(static=True)
     link: str = eqx.field(static=True)
     site_counts: tuple[int, ...] = eqx.field(static=True)
+    model_strings: tuple[str, ...] = eqx.field(static=True, default=())  # each part's, as built from strings
 
     def __check_init__(self):
         if self.link not in LINKS:
@@ -100,7 +108,7 @@ class PartitionedModel(eqx.Module):
         if self.link != "proportional":
             return jnp.ones(self.num_parts)
         counts = jnp.asarray(self.site_counts, dtype=jnp.result_type(self.rates, float))
-        return self.rates * (jnp.sum(counts) / jnp.sum(counts * self.rates))
+        return self.rates * (jnp.sum(counts) / jnp.sum(counts * self.rates, axis=-1, keepdims=True))
 
     def part_branch_lengths(self, branch_lengths: Float[Array, " nodes"]) -> Float[Array, "parts nodes"]:
         """Every part's branch lengths `t_k [K, nodes]` from the tree's `t`."""
@@ -116,7 +124,18 @@ class PartitionedModel(eqx.Module):
         lengths = jnp.asarray(branch_lengths)
         if lengths.ndim != 2 or lengths.shape[0] != self.num_parts:
             raise InputError(f"per-part branch lengths must be [{self.num_parts}, nodes], not {tuple(lengths.shape)}")
-        return PartitionedModel(self.models, self.rates, lengths, self.scheme, "unlinked", self.site_counts)
+        return PartitionedModel(self.models, self.rates, lengths, self.scheme, "unlinked", self.site_counts,
+                                self.model_strings)
+
+    def with_parts(self, models: tuple[Model, ...], rates) -> "PartitionedModel":
+        """The same scheme and link with other part models and rate multipliers."""
+        return PartitionedModel(tuple(models), rates, self.branch_lengths, self.scheme, self.link, self.site_counts,
+                                self.model_strings)
+
+    @property
+    def rates_free(self) -> bool:
+        """Whether the rate multipliers are parameters: linked proportional lengths over several parts."""
+        return self.link == "proportional" and self.num_parts > 1
 
 
 # ---------------------------------------------------------------- building
@@ -216,7 +235,7 @@ def partitioned_model(
     start = jnp.ones(scheme.num_parts) if rates is None else jnp.asarray(rates, float)
     if start.shape != (scheme.num_parts,):
         raise ModelError(f"rates must have one value per part ({scheme.num_parts}), not shape {start.shape}")
-    return PartitionedModel(tuple(models), start, None, scheme, link, tuple(counts))
+    return PartitionedModel(tuple(models), start, None, scheme, link, tuple(counts), tuple(strings))
 
 
 def _default_for(default_model, data_type: str | None) -> str | None:
@@ -241,10 +260,28 @@ class GroupData(eqx.Module):
 
 
 class PartitionedData(eqx.Module):
-    """Every group's pattern data, laid out for one tree's tips (a pytree: a jit argument)."""
+    """Every group's pattern data, laid out for one tree's tips (a pytree: a jit argument).
+
+    Side by side, the groups' patterns (part by part inside a group, padding
+    included) form one pattern axis: `weights` and `part_of_pattern` follow
+    it, and so do the batched log-likelihoods (`batch_part_pattern_log_likelihoods`).
+    """
 
     groups: tuple[GroupData, ...]
     num_parts: int = eqx.field(static=True)
+
+    @property
+    def weights(self) -> Float[Array, " patterns"]:
+        return jnp.concatenate([g.weights.reshape(-1) for g in self.groups])
+
+    @property
+    def part_of_pattern(self) -> Int[np.ndarray, " patterns"]:
+        """The part of every pattern of the side-by-side axis (padding included)."""
+        return np.concatenate([np.repeat(np.asarray(g.parts), g.weights.shape[1]) for g in self.groups])
+
+    # One PhyloCTMC observation to NumPyro (see `likelihood.PatternData`).
+    shape = property(lambda self: ())
+    ndim = property(lambda self: 0)
 
 
 def partitioned_data(alignment: Alignment, tree, model: PartitionedModel) -> PartitionedData:
@@ -257,8 +294,12 @@ def partitioned_data(alignment: Alignment, tree, model: PartitionedModel) -> Par
     from ..likelihood._api import _check_taxa, pattern_data
 
     _check_taxa(alignment, tree)
-    parts = part_alignments(alignment, model)
-    layouts = [pattern_data(part, tree) for part in parts]
+    return grouped_data([pattern_data(part, tree) for part in part_alignments(alignment, model)], model)
+
+
+def grouped_data(layouts: list, model: PartitionedModel) -> PartitionedData:
+    """Every part's `PatternData` (NumPy or JAX arrays) in groups of equal `(states, categories)`, padded."""
+    xp = np if all(isinstance(x, np.ndarray) for layout in layouts for x in jax.tree.leaves(layout)) else jnp
     keys: dict[tuple[int, int], list[int]] = {}
     for k, (m, layout) in enumerate(zip(model.models, layouts)):
         categories = jax.eval_shape(m.rate_categories)[1].shape[0]
@@ -269,57 +310,68 @@ def partitioned_data(alignment: Alignment, tree, model: PartitionedModel) -> Par
         codes = max(layouts[k].tip_table.shape[0] for k in members)
         tip_codes, tables, weights = [], [], []
         for k in members:
-            layout = layouts[k]
-            c, t, w = np.asarray(layout.tip_codes), np.asarray(layout.tip_table), np.asarray(layout.weights)
+            c, t, w = layouts[k].tip_codes, layouts[k].tip_table, layouts[k].weights
             missing = t.shape[0] - 1  # pattern_data's all-missing row, last
-            tip_codes.append(np.pad(c, ((0, 0), (0, patterns - c.shape[1])), constant_values=missing))
-            tables.append(np.vstack([t, np.ones((codes - t.shape[0], t.shape[1]))]))
-            weights.append(np.pad(w, (0, patterns - w.shape[0])))
-        groups.append(GroupData(tuple(members), np.stack(tip_codes).astype(np.int32), np.stack(tables),
-                                np.stack(weights)))
+            tip_codes.append(xp.pad(c, ((0, 0), (0, patterns - c.shape[1])), constant_values=missing))
+            tables.append(xp.vstack([t, xp.ones((codes - t.shape[0], t.shape[1]), t.dtype)]))
+            weights.append(xp.pad(w, (0, patterns - w.shape[0])))
+        groups.append(GroupData(tuple(members), xp.stack(tip_codes).astype(np.int32), xp.stack(tables),
+                                xp.stack(weights)))
     return PartitionedData(tuple(groups), model.num_parts)
 
 
 # ---------------------------------------------------------------- likelihood
 
 
-def _stacked_arrays(models: list[Model], layout: Float[Array, "parts ids"], dtype):
-    """`(P [K, 1, ids, C, S, S], pi [K, 1, S], w [K, 1, C])` for parts `models`, vmapped over same-shaped models."""
-    buckets: dict = {}
-    for i, m in enumerate(models):
-        leaves, treedef = jax.tree.flatten(m)
-        buckets.setdefault((treedef, tuple(np.shape(x) for x in leaves)), []).append(i)
-    transitions, frequencies, weights = [None] * len(models), [None] * len(models), [None] * len(models)
-    for members in buckets.values():
-        stacked = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *[models[i] for i in members])
+def _group_pattern_log_likelihoods(models, group: GroupData, part_lengths, schedule, dtype, static_steps,
+                                   per_tree_models: bool) -> Float[Array, "parts B patterns"]:
+    """`log L_c` of one group's parts, `[K_g, B, P_g]`: ONE kernel call, vmapped over the group's parts.
 
-        def arrays(m: Model, lengths):
-            return m.transition_matrices(lengths), m.frequencies, m.rate_categories()[1]
+    `part_lengths[k]` are part `k`'s lengths in layout order `[B, ids]`.
+    """
+    from ..likelihood._api import _kernel, model_arrays
 
-        p, pi, w = jax.vmap(arrays)(stacked, layout[np.asarray(members)])
-        for j, i in enumerate(members):
-            transitions[i], frequencies[i], weights[i] = p[j], pi[j], w[j]
-    return (jnp.stack(transitions)[:, None].astype(dtype), jnp.stack(frequencies)[:, None].astype(dtype),
-            jnp.stack(weights)[:, None].astype(dtype))
+    own = [model_arrays(models[k], part_lengths[k], dtype, per_tree_models) for k in group.parts]
+    transition, pi, w = (jnp.stack(x) for x in zip(*own))
+    return jax.vmap(lambda *arrays: _kernel(arrays, schedule, static_steps))(
+        transition, pi, w, group.tip_codes, group.tip_table.astype(dtype))
 
 
 @eqx.filter_jit
 def _part_log_likelihoods(models: tuple[Model, ...], lengths: Float[Array, "parts nodes"], data: PartitionedData,
                           schedule, index, dtype, static_steps):
     """`[K]` log-likelihoods from each part's branch lengths: one program for every link mode."""
-    from ..likelihood._api import _kernel, layout_lengths
+    from ..likelihood._api import layout_lengths
 
-    layout = jax.vmap(lambda t: layout_lengths(t, index, schedule)[0])(lengths)  # [K, ids]
+    layout = jax.vmap(lambda t: layout_lengths(t, index, schedule))(lengths)  # [K, 1, ids]
     result = [None] * data.num_parts
     for group in data.groups:
-        members = np.asarray(group.parts)
-        transition, pi, w = _stacked_arrays([models[k] for k in group.parts], layout[members], dtype)
-        per_pattern = jax.vmap(lambda *arrays: _kernel(arrays, schedule, static_steps)[0])(
-            transition, pi, w, group.tip_codes, group.tip_table.astype(dtype))  # ONE call for the group: [K_g, P]
-        totals = jnp.sum(group.weights.astype(per_pattern.dtype) * per_pattern, axis=-1)
+        per_pattern = _group_pattern_log_likelihoods(models, group, layout, schedule, dtype, static_steps, False)
+        totals = jnp.sum(group.weights.astype(per_pattern.dtype) * per_pattern[:, 0], axis=-1)
         for j, k in enumerate(group.parts):
             result[k] = totals[j]
     return jnp.stack(result)
+
+
+def batch_part_pattern_log_likelihoods(model: PartitionedModel, schedule, branch_lengths: Float[Array, "B nodes"],
+                                       data: PartitionedData, dtype,
+                                       per_tree_models: bool = False) -> Float[Array, "B patterns"]:
+    """`log L_c` of a batch of trees (a device schedule) under linked branch lengths, every part's patterns
+    side by side in `PartitionedData.weights`'s order: `[B, sum_g K_g P_g]`, one kernel call per group.
+
+    With `per_tree_models` every leaf of `model` (part models and rates) has a leading `[B]` axis.
+    """
+    from ..likelihood._api import batch_layout_lengths
+
+    if model.link == "unlinked" and model.branch_lengths is not None:
+        raise ModelError("a batch of trees takes linked branch lengths (-p or -q), not unlinked ones (-Q)")
+    rates = model.normalised_rates()  # [K], or [B, K] with per-tree models
+    scaled = rates.T[:, :, None] * branch_lengths[None] if per_tree_models else (
+        rates[:, None, None] * branch_lengths[None])
+    layout = [batch_layout_lengths(lengths, schedule) for lengths in scaled]
+    groups = [_group_pattern_log_likelihoods(model.models, group, layout, schedule, dtype, None, per_tree_models)
+              for group in data.groups]
+    return jnp.concatenate([jnp.moveaxis(g, 0, 1).reshape(g.shape[1], -1) for g in groups], axis=1)
 
 
 def partitioned_data_log_likelihoods(data: PartitionedData, tree, model: PartitionedModel, *,
