@@ -38,6 +38,9 @@ def add_mcmc_command(subparsers) -> None:
     mcmc.add_argument("--dry-run", action="store_true",
                       help="print the data sizes, memory per device and the time of one evaluation; then exit")
     mcmc.add_argument("--max-time", help="stop, saved, after this long (e.g. 23h); SIGTERM, SIGINT, SIGUSR1 too")
+    from .cli import add_partition_options
+
+    add_partition_options(mcmc, "unlinked branch lengths: not for MC³ (its chains link them; use -p or -q)")
     mcmc.set_defaults(run=run_mcmc)
 
 
@@ -47,12 +50,18 @@ def run_mcmc(args) -> None:
     from jaxphylo.inference._mc3 import DEFAULT_MOVES, MC3Settings
     from jaxphylo.inference._mc3_run import mc3
 
+    from .cli import partition_choice, partitioned_model_of
+
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type)
-    jp.ml.check_inputs(alignment, args.model)
+    partitions = partition_choice(args)
+    if partitions and partitions[1] == "unlinked":
+        raise jp.JaxphyloError("-Q: MC³'s chains link branch lengths across parts; use -p (a rate per part) or -q")
+    model = partitioned_model_of(args, alignment, args.model) if partitions else args.model
+    jp.ml.check_inputs(alignment, model)
     settings = MC3Settings(runs=args.runs, chains=args.chains, generations=args.generations,
                            sample_every=args.sample_every, temperature=args.temperature, stop_asdsf=args.stop_asdsf,
                            block=args.block, branch_rate=args.branch_rate, moves=dict(DEFAULT_MOVES, hmc=args.hmc))
-    _plan(alignment, args, settings.runs * settings.chains)  # every chain's tree is evaluated at once
+    _plan(alignment, model, args, settings.runs * settings.chains)  # every chain's tree is evaluated at once
     if args.dry_run:
         return
 
@@ -60,21 +69,23 @@ def run_mcmc(args) -> None:
         lnl = "  ".join(f"{x:.2f}" for x in cold)
         print(f"generation {generation}\tcold log L {lnl}\tASDSF {value:.4f}", file=sys.stderr, flush=True)
 
-    result = mc3(alignment, args.model, settings=settings, seed=args.seed, priors=PRIOR_SETS[args.priors] or None,
+    result = mc3(alignment, model, settings=settings, seed=args.seed, priors=PRIOR_SETS[args.priors] or None,
                  precision=args.precision, out=args.out,
                  resume=args.resume, progress=progress, stop=args.stop)
     print(summary_text(result))
 
 
-def _plan(alignment, args, batch: int) -> None:
+def _plan(alignment, model, args, batch: int) -> None:
     """`--dry-run`'s report, or a stop before starting when the chains' trees cannot fit in memory."""
     import jaxphylo as jp
     from jaxphylo._resources import plan
     from jaxphylo.likelihood import pattern_data
 
     tree = jp.random_topology_tree(alignment.taxa, seed=args.seed)
-    model, _ = jp.ml._fit.resolve_model(args.model, alignment)
-    plan(pattern_data(alignment, tree), tree, model, args.precision, batch, args.dry_run, alignment.num_sites,
+    model, _ = jp.ml._fit.resolve_model(model, alignment)
+    data = jp.models.partitioned_data(alignment, tree, model) if isinstance(model, jp.PartitionedModel) else \
+        pattern_data(alignment, tree)
+    plan(data, tree, model, args.precision, batch, args.dry_run, alignment.num_sites,
          log=lambda text: print(text, file=sys.stderr))
 
 

@@ -61,20 +61,43 @@ def _loglik(args) -> None:
 
 def _loglik_model(jp, args, alignment, model_string):
     """The model string's model, or with -p/-q/-Q FILE a partitioned one (the string: parts without a model)."""
-    flags = [(flag, path) for flag, path in (("p", args.p), ("q", args.q), ("Q", args.Q)) if path]
-    if not flags:
+    if partition_choice(args) is None:
         return jp.parse_model(model_string, alignment=alignment)
-    if len(flags) > 1:
-        raise JaxphyloError("give one of -p, -q and -Q")
-    (flag, path), = flags
     rates = None
     if args.part_rates:
         try:
             rates = [float(x) for x in args.part_rates.split(",")]
         except ValueError:
             raise JaxphyloError(f"--part-rates {args.part_rates!r}: write numbers separated by commas") from None
-    link = {"p": "proportional", "q": "equal", "Q": "unlinked"}[flag]
-    return jp.partitioned_model(jp.read_partitions(path), alignment, default_model=model_string, link=link, rates=rates)
+    return partitioned_model_of(args, alignment, model_string, rates)
+
+
+LINKS = {"p": "proportional", "q": "equal", "Q": "unlinked"}
+
+
+def add_partition_options(parser, unlinked: str = "partitions with unlinked branch lengths (each part its own)"):
+    """IQ-TREE's -p, -q and -Q FILE on a command (`unlinked`: what -Q means there)."""
+    parser.add_argument("-p", metavar="FILE", help="partitions (NEXUS sets/charpartition or RAxML-style), a model "
+                                                   "each: linked branch lengths times a rate per part")
+    parser.add_argument("-q", metavar="FILE", help="partitions with linked, equal branch lengths")
+    parser.add_argument("-Q", metavar="FILE", help=unlinked)
+
+
+def partition_choice(args) -> tuple[str, str] | None:
+    """`(partition file, link)` of -p/-q/-Q, or None."""
+    flags = [(getattr(args, flag), LINKS[flag]) for flag in LINKS if getattr(args, flag, None)]
+    if len(flags) > 1:
+        raise JaxphyloError("give one of -p, -q and -Q")
+    return flags[0] if flags else None
+
+
+def partitioned_model_of(args, alignment, default_model: str, rates=None, scheme=None):
+    """The partitioned model of -p/-q/-Q: the file's models, `default_model` for parts without one."""
+    import jaxphylo as jp
+
+    path, link = partition_choice(args)
+    scheme = scheme or jp.read_partitions(path)
+    return jp.partitioned_model(scheme, alignment, default_model=default_model, link=link, rates=rates)
 
 
 def _sample(args) -> None:
@@ -97,8 +120,10 @@ def _sample(args) -> None:
         raise JaxphyloError("sample needs ALIGNMENT TREE (or --example)")
     else:
         alignment_path, tree_path = args.alignment, args.tree
+    partitions, link = partition_choice(args) or (None, "proportional")
     analysis = Analysis(model=args.model, clock=args.clock, tree_prior=args.tree_prior,
-                        branch_rate=args.branch_rate, priors=args.priors, precision=args.precision)
+                        branch_rate=args.branch_rate, priors=args.priors, precision=args.precision,
+                        partitions=partitions, link=link)
     alignment = jp.read_alignment(alignment_path, data_type=args.data_type, genetic_code=args.genetic_code)
     tree = jp.read_tree(tree_path)
     tip_dates, dates_digest = None, None
@@ -108,14 +133,14 @@ def _sample(args) -> None:
         tip_dates = jp.io.read_tip_dates(args.dates) if args.dates else jp.io.tip_dates_from_names(tree.taxa)
         dates_digest = tip_dates.digest()
     prepared = prepare(alignment, tree, analysis, tip_dates)
-    model = jp.parse_model(args.model, alignment=alignment)
+    model = prepared.substitution
     plan(prepared.data, prepared.tree, model, args.precision,
          args.chains, args.dry_run, alignment.num_sites, log=lambda text: print(text, file=sys.stderr),
          program=chunk_program(prepared.model, prepared.data, prepared.init, args.chains, args.warmup))
     if args.dry_run:
         return
     settings = {"alignment": _digest(alignment_path), "tree": _digest(tree_path), "dates": dates_digest,
-                "analysis": analysis.as_dict()}
+                "analysis": analysis.as_dict(), "partitions": partitions and _digest(partitions)}
     log = progress_printer()
     start_check = lambda: check_start(prepared.data, prepared.tree, model, args.precision)  # noqa: E731
     draws = run_nuts(prepared.model, prepared.data, prepared.init, args.out, settings=settings,
@@ -135,19 +160,31 @@ def _ml(args) -> None:
     import time
     from pathlib import Path
 
+    import numpy as np
+
     import jaxphylo as jp
     from jaxphylo import ml
     from jaxphylo._resources import peak_memory_text
 
     prefix = args.out or args.alignment
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type, genetic_code=args.genetic_code)
-    start = jp.read_tree(args.tree) if args.tree else None
+    partitions = partition_choice(args)
+    if args.tree and args.te:
+        raise JaxphyloError("give --tree (a start for the search) or -te (a fixed topology), not both")
+    fixed = jp.read_tree(args.te) if args.te else None
+    start = jp.read_tree(args.tree) if args.tree else fixed
+    if partitions and partitions[1] == "unlinked" and fixed is None:
+        raise JaxphyloError("-Q gives every part its own branch lengths, fitted on a fixed topology: add -te TREE "
+                            "(a search links them: -p or -q)")
+    if args.bootstrap and fixed is not None:
+        raise JaxphyloError("--bootstrap searches a tree per replicate; it does not combine with -te")
     selecting = args.model.upper() in ("MF", "MFP")
+    model = partitioned_model_of(args, alignment, args.model) if partitions and not selecting else args.model
     # Bad input fails here, before any output (with MF/MFP only the start tree can be checked yet).
-    ml.check_inputs(alignment, None if selecting else args.model, start)
+    ml.check_inputs(alignment, None if selecting else model, start)
     settings = ml.SearchSettings(patience=args.patience, batch=args.batch, radius=args.radius)
     if args.dry_run:
-        _ml_dry_run(alignment, start, args, settings)
+        _ml_dry_run(alignment, start, model, args, settings)
         return
     if args.redo:
         for stale in (f"{prefix}.ckpt", f"{prefix}.boot.ckpt"):
@@ -165,20 +202,19 @@ def _ml(args) -> None:
     log(f"# jaxphylo ml {args.alignment}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, "
         f"{alignment.site_patterns().num_patterns} patterns; model {args.model}")
     if selecting:  # IQ-TREE's -m MF (select only) and -m MFP (select, then search with the winner)
-        chosen = ml.select_model(alignment, start, criterion="BIC",
-                                 progress=lambda r: log(f"# {r.model}\tlog L {r.log_likelihood:.3f}\tBIC {r.BIC:.3f}"))
-        chosen.to_tsv(f"{prefix}.models.tsv")
-        log(f"# best-fit model (BIC): {chosen.best}; table in {prefix}.models.tsv")
-        if args.model.upper() == "MF":
+        model = _ml_select(alignment, start, partitions, args, prefix, log)
+        if model is None:
             log_file.close()
-            print(chosen.best)
             return
-        args.model = chosen.best_model
     began = time.perf_counter()
-    result = ml.search(alignment, args.model, start, starts=args.starts, seed=args.seed, settings=settings,
-                       precision=args.precision, checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop,
-                       progress=lambda r, best, seconds: log(f"round {r}\tbest log L {best:.4f}",
-                                                             "" if seconds is None else f"\t{seconds:.1f} s"))
+    if fixed is not None:  # IQ-TREE's -te: model and branch lengths on this topology, no search
+        result = ml.fit(alignment, fixed, model, precision=args.precision)
+        log(f"# fitted on the topology of {args.te}: {result.iterations} iterations")
+    else:
+        result = ml.search(alignment, model, start, starts=args.starts, seed=args.seed, settings=settings,
+                           precision=args.precision, checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop,
+                           progress=lambda r, best, seconds: log(f"round {r}\tbest log L {best:.4f}",
+                                                                 "" if seconds is None else f"\t{seconds:.1f} s"))
     labelled, supports = [], {}
     if args.alrt:
         log(f"# SH-aLRT with {args.alrt} RELL replicates")
@@ -192,6 +228,13 @@ def _ml(args) -> None:
         labelled.append(ml.with_supports(result.tree, supports["bootstrap"]))
     tree = ml._support.combine_labels(result.tree, *labelled) if labelled else result.tree
     jp.write_tree(tree, f"{prefix}.treefile")
+    outputs = f"{prefix}.treefile, {prefix}.json, {prefix}.log"
+    if isinstance(result.model, jp.PartitionedModel) and result.model.branch_lengths is not None:
+        with open(f"{prefix}.parttrees", "w") as handle:  # IQ-TREE's -Q output: every part's tree, in order
+            for lengths in np.asarray(result.model.branch_lengths):
+                tree = jp.io.to_dendropy(result.tree.with_branch_lengths(lengths))
+                handle.write(tree.as_string(schema="newick", unquoted_underscores=True, preserve_spaces=True))
+        outputs += f", {prefix}.parttrees"
     summary = {
         "log_likelihood": result.log_likelihood, "model": result.model_string, "parameters": result.parameters,
         "tree": open(f"{prefix}.treefile").read().strip(), "search_rounds": result.search_rounds,
@@ -203,12 +246,43 @@ def _ml(args) -> None:
         json.dump(summary, handle, indent=1)
     log(f"# log L {result.log_likelihood:.4f}; {result.model_string}",
         f"; {time.perf_counter() - began:.1f} s; peak memory {peak_memory_text()}")
-    log(f"# {prefix}.treefile, {prefix}.json, {prefix}.log")
+    log(f"# {outputs}")
     log_file.close()
     print(f"{result.log_likelihood:.6f}")
 
 
-def _ml_dry_run(alignment, start, args, settings) -> None:
+def _ml_select(alignment, start, partitions, args, prefix, log):
+    """-m MF/MFP: ModelFinder (per part with -p/-q); the model to search with, or None after MF."""
+    import dataclasses
+
+    import jaxphylo as jp
+    from jaxphylo import ml
+
+    progress = lambda r: log(f"# {r.model}\tlog L {r.log_likelihood:.3f}\tBIC {r.BIC:.3f}")  # noqa: E731
+    if partitions is None:
+        chosen = ml.select_model(alignment, start, criterion="BIC", progress=progress)
+        chosen.to_tsv(f"{prefix}.models.tsv")
+        log(f"# best-fit model (BIC): {chosen.best}; table in {prefix}.models.tsv")
+        if args.model.upper() == "MF":
+            print(chosen.best)
+            return None
+        return chosen.best_model
+    scheme = jp.read_partitions(partitions[0])
+    selections = ml.select_part_models(alignment, scheme, start, criterion="BIC", progress=progress)
+    for name, chosen in selections.items():
+        chosen.to_tsv(f"{prefix}.{name}.models.tsv")
+    with open(f"{prefix}.best_scheme.nex", "w") as handle:
+        handle.write(ml.best_scheme_nexus(scheme, selections))
+    best = ", ".join(f"{selections[name].best}:{name}" for name in scheme.names)
+    log(f"# best-fit models (BIC): {best}; tables in {prefix}.PART.models.tsv, scheme in {prefix}.best_scheme.nex")
+    if args.model.upper() == "MF":
+        print(best)
+        return None
+    scheme = dataclasses.replace(scheme, models=tuple(selections[name].best_model for name in scheme.names))
+    return partitioned_model_of(args, alignment, "GTR+G4", scheme=scheme)
+
+
+def _ml_dry_run(alignment, start, model, args, settings) -> None:
     """The memory and time of the search's widest evaluation (the SPR chunk, or twice the batch)."""
     import jaxphylo as jp
     from jaxphylo._resources import plan
@@ -216,9 +290,11 @@ def _ml_dry_run(alignment, start, args, settings) -> None:
 
     tree = start or jp.random_topology_tree(alignment.taxa, seed=args.seed)
     largest = "GTR+F+R10" if alignment.alphabet.num_states == 4 else "LG+F+R10"  # MF/MFP: the largest candidate
-    model, _ = jp.ml._fit.resolve_model(largest if args.model.upper() in ("MF", "MFP") else args.model, alignment)
+    model, _ = jp.ml._fit.resolve_model(largest if args.model.upper() in ("MF", "MFP") else model, alignment)
     batch = max(2 * max(args.batch, args.starts), settings.spr_chunk if args.radius else 0)
-    plan(pattern_data(alignment, tree), tree, model, args.precision, batch, True, alignment.num_sites,
+    data = jp.models.partitioned_data(alignment, tree, model) if isinstance(model, jp.PartitionedModel) else \
+        pattern_data(alignment, tree)
+    plan(data, tree, model, args.precision, batch, True, alignment.num_sites,
          log=lambda text: print(text, file=sys.stderr))
 
 
@@ -306,10 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     loglik.add_argument("--genetic-code", type=int, default=1, help="NCBI table number for codons (default 1)")
     loglik.add_argument("--example", action="store_true", help="use the built-in example data set")
     loglik.add_argument("--verbose", "-v", action="store_true", help="print data sizes and timing to stderr")
-    loglik.add_argument("-p", metavar="FILE", help="partitions (NEXUS sets/charpartition or RAxML-style): linked "
-                                                   "branch lengths times a rate per part (--part-rates)")
-    loglik.add_argument("-q", metavar="FILE", help="partitions with linked, equal branch lengths")
-    loglik.add_argument("-Q", metavar="FILE", help="partitions with unlinked branch lengths (here: the tree's in each)")
+    add_partition_options(loglik, "partitions with unlinked branch lengths (here: the tree's in each)")
     loglik.add_argument("--part-rates", help="with -p: the parts' rates, e.g. 0.5,0.3,2.2 (scaled to a site-weighted "
                                              "mean of 1; default all 1)")
     loglik.set_defaults(run=_loglik)
@@ -345,6 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--genetic-code", type=int, default=1)
     sample.add_argument("--no-progress", action="store_true", help="no progress bars")
     sample.add_argument("--example", action="store_true", help="the built-in example (16 taxa, 600 sites)")
+    add_partition_options(sample, "partitions with unlinked branch lengths (each part its own; no --clock)")
     sample.set_defaults(run=_sample)
 
     ml = commands.add_parser("ml", help="maximum-likelihood tree: model fit, NNI/SPR search, branch support")
@@ -352,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--model", "-m", required=True,
                     help="model string in IQ-TREE syntax, e.g. GTR+G4; MFP: select by BIC, then search; MF: select only")
     ml.add_argument("--tree", "-t", help="start tree (Newick/NEXUS; default: BIONJ)")
+    ml.add_argument("-te", metavar="TREE", help="fit the model and branch lengths on this topology, no search "
+                                                "(IQ-TREE's -te)")
+    add_partition_options(ml, "partitions with unlinked branch lengths (each part its own; needs -te)")
     ml.add_argument("--starts", type=int, default=1, help="start trees (extra ones: BIONJ of resampled columns)")
     ml.add_argument("--bootstrap", "-b", type=int, default=0, help="non-parametric bootstrap replicates")
     ml.add_argument("--alrt", type=int, default=0, help="SH-aLRT RELL replicates (IQ-TREE: 1000)")

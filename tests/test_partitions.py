@@ -400,6 +400,7 @@ def test_phylo_ctmc_takes_a_partitioned_model(example, tmp_path):
     """`PhyloCTMC(tree, partitioned model)` in a NumPyro model: its log density is the sum over parts (from an
     Alignment or PartitionedData), and NumPyro's gradient in a part rate is the partitioned one's."""
     import numpyro
+    from numpyro.infer import Predictive
     from numpyro.infer.util import log_density
 
     alignment, tree = example
@@ -409,15 +410,24 @@ def test_phylo_ctmc_takes_a_partitioned_model(example, tmp_path):
     for observed in (alignment, data):
         assert float(jp.inference.PhyloCTMC(tree, model).log_prob(observed)) == pytest.approx(expected, abs=1e-9)
 
-    def program(rate):
+    def program(rate, obs=data):
         scaled = eqx.tree_at(lambda m: m.rates, model, model.rates.at[0].set(rate))
-        numpyro.sample("alignment", jp.inference.PhyloCTMC(tree, scaled), obs=data)
+        numpyro.sample("alignment", jp.inference.PhyloCTMC(tree, scaled), obs=obs)
 
     gradient = jax.grad(lambda r: log_density(program, (r,), {}, {})[0])(0.7)
     direct = jax.grad(lambda r: jnp.sum(partitioned_data_log_likelihoods(
         data, tree, eqx.tree_at(lambda m: m.rates, model, model.rates.at[0].set(r)))))(0.7)
     assert float(gradient) == pytest.approx(float(direct), rel=1e-10) and float(gradient) != 0.0
-    with pytest.raises(jp.ModelError, match="unpartitioned models only"):
-        jp.inference.PhyloCTMC(tree, model, num_sites=10).sample(jax.random.PRNGKey(0))
+    # Drawing: every part's own sites (300, 150, 150), grouped as the data are; log_prob takes the draw back, and
+    # NumPyro's Predictive simulates partitioned alignments.
+    drawn = jp.inference.PhyloCTMC(tree, model).sample(jax.random.PRNGKey(0), (2,))
+    assert [g.parts for g in drawn.groups] == [g.parts for g in data.groups]
+    sites = {k: int(np.sum(np.asarray(g.weights)[0, j])) for g in drawn.groups for j, k in enumerate(g.parts)}
+    assert sites == {0: 300, 1: 150, 2: 150}
+    one = jax.tree.map(lambda x: x[0], drawn)
+    assert np.isfinite(float(jp.inference.PhyloCTMC(tree, model).log_prob(one)))
+    assert not np.array_equal(np.asarray(drawn.groups[0].tip_codes[0]), np.asarray(drawn.groups[0].tip_codes[1]))
+    predicted = Predictive(program, num_samples=3)(jax.random.PRNGKey(1), 0.7, obs=None)
+    assert predicted["alignment"].groups[0].tip_codes.shape[0] == 3
     with pytest.raises(jp.InputError, match="observes an Alignment or PartitionedData"):
         jp.inference.PhyloCTMC(tree, model).log_prob(jnp.zeros(3))

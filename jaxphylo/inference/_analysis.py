@@ -35,10 +35,12 @@ from .._alignment import Alignment
 from .._distances import distances
 from .._errors import ModelError
 from .._tree import Tree
-from ..io import TipDates, to_dendropy
+from ..io import TipDates, read_partitions, to_dendropy
 from ..io._tree_files import _from_dendropy
 from ..likelihood import pattern_data
-from ..models import estimated_parameters, parse_model
+from ..models import PartitionedModel, PartsEstimated, estimated_parameters, parse_model, partitioned_data, \
+    partitioned_model
+from ..models._partitioned import LINKS
 from ._distribution import PhyloCTMC
 from ._model_priors import MRBAYES_PRIORS, initial_values, sample_model
 from ._time_tree import TimeTree, branch_durations, start_heights, time_tree, with_sampled_tips
@@ -63,6 +65,8 @@ class Analysis:
     skygrid_intervals: int = 10
     skygrid_cutoff: float | None = None  # default: 1.2 x the starting tree's root height
     precision: str = "float64"
+    partitions: str | None = None  # a partition file (NEXUS sets/charpartition, RAxML-style): a model per part
+    link: str = "proportional"  # partitions' branch lengths: proportional (-p), equal (-q), unlinked (-Q)
 
     def __post_init__(self):
         if self.clock not in CLOCKS:
@@ -75,6 +79,10 @@ class Analysis:
             raise ModelError(f"prior set must be one of {', '.join(PRIOR_SETS)}, not {self.priors!r}")
         if not self.branch_rate > 0:
             raise ModelError(f"the branch-length prior's rate must be positive, got {self.branch_rate}")
+        if self.link not in LINKS:
+            raise ModelError(f"link must be one of {', '.join(LINKS)}, not {self.link!r}")
+        if self.partitions and self.link == "unlinked" and self.clock:
+            raise ModelError("unlinked branch lengths (-Q) are not one time tree: with --clock use -p or -q")
 
     @property
     def resolved_tree_prior(self) -> str:
@@ -94,6 +102,7 @@ class Prepared:
     tree: Tree
     time: TimeTree | None
     reference: float | None = None  # the decimal year at height 0, when built from TipDates
+    substitution: object = None  # the substitution model at its starting values (a PartitionedModel with parts)
 
 
 def unrooted(tree: Tree) -> Tree:
@@ -113,28 +122,49 @@ def prepare(alignment: Alignment, tree: Tree, analysis: Analysis, tip_dates=None
     substitutions before the latest tip), or a `jaxphylo.io.TipDates`, whose
     intervals and undated tips become sampled tip heights (see the module).
     """
-    model = parse_model(analysis.model, alignment=alignment)
-    estimated = estimated_parameters(analysis.model)
+    model, estimated = _substitution_model(alignment, analysis)
     priors = PRIOR_SETS[analysis.priors]
     init = initial_values(model, estimated)
     if analysis.clock is None:
         if tip_dates is not None:
             raise ModelError("tip dates need a clock (a time tree): choose clock='strict' or 'relaxed'")
         tree = unrooted(tree)
-        data = pattern_data(alignment, tree)
+        data = _data(alignment, tree, model)
         build = _unrooted_model(tree, model, estimated, priors, analysis)
-        lengths = np.asarray(tree.branch_lengths[:-1], float)
-        init["branch_lengths"] = jnp.asarray(np.clip(lengths, 1e-4, None))
-        return Prepared(build, data, init, tree, None)
+        lengths = jnp.asarray(np.clip(np.asarray(tree.branch_lengths[:-1], float), 1e-4, None))
+        if _unlinked(model):
+            init["part_branch_lengths"] = jnp.broadcast_to(lengths, (model.num_parts,) + lengths.shape)
+        else:
+            init["branch_lengths"] = lengths
+        return Prepared(build, data, init, tree, None, substitution=model)
     time, reference = _time_tree_of(tree, tip_dates)
-    data = pattern_data(alignment, tree)
+    data = _data(alignment, tree, model)
     tips, heights = start_heights(tree, time)
     dated = not time.contemporaneous
     rate = _rate_guess(alignment, tips, heights) if dated else 1.0
     init.update(_time_tree_start(analysis, time, tips, heights, rate))
     cutoff = analysis.skygrid_cutoff or 1.2 * float(heights[-1])
     build = _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff, reference)
-    return Prepared(build, data, init, tree, time, reference)
+    return Prepared(build, data, init, tree, time, reference, substitution=model)
+
+
+def _substitution_model(alignment: Alignment, analysis: Analysis):
+    """`(model, estimated)`: the model string's, or with `partitions` a model per part (`PartsEstimated`,
+    the part rates free under -p); the string then serves the parts that name no model."""
+    if not analysis.partitions:
+        return parse_model(analysis.model, alignment=alignment), estimated_parameters(analysis.model)
+    model = partitioned_model(read_partitions(analysis.partitions), alignment, default_model=analysis.model,
+                              link=analysis.link)
+    return model, PartsEstimated(tuple(estimated_parameters(s) for s in model.model_strings), True)
+
+
+def _data(alignment: Alignment, tree: Tree, model):
+    return partitioned_data(alignment, tree, model) if isinstance(model, PartitionedModel) else \
+        pattern_data(alignment, tree)
+
+
+def _unlinked(model) -> bool:
+    return isinstance(model, PartitionedModel) and model.link == "unlinked"
 
 
 def _time_tree_of(tree: Tree, tip_dates) -> tuple[TimeTree, float | None]:
@@ -155,9 +185,16 @@ def _unrooted_model(tree, model, estimated, priors, analysis):
         branch_prior = GammaDirichlet(num_branches, *analysis.gamma_dirichlet)
 
     def unrooted_tree_model(data):
-        lengths = numpyro.sample("branch_lengths", branch_prior)
+        substitution = None
+        if _unlinked(model):  # every part its own lengths, each with the prior; their site-weighted mean logged
+            parts = numpyro.sample("part_branch_lengths", branch_prior.expand([model.num_parts]).to_event(1))
+            lengths = numpyro.deterministic("branch_lengths", jnp.average(parts, axis=0, weights=jnp.asarray(
+                model.site_counts, parts.dtype)))
+            substitution = model.with_branch_lengths(jnp.concatenate([parts, jnp.zeros_like(parts[:, :1])], axis=1))
+        else:
+            lengths = numpyro.sample("branch_lengths", branch_prior)
         numpyro.deterministic("tree_length", jnp.sum(lengths))
-        substitution = sample_model(model, estimated, priors)
+        substitution = sample_model(substitution or model, estimated, priors)
         phylogeny = tree.with_branch_lengths(jnp.append(lengths, 0.0))
         numpyro.sample("alignment", PhyloCTMC(phylogeny, substitution, precision=analysis.precision), obs=data)
 

@@ -16,7 +16,7 @@ from .._errors import InputError, ModelError
 from .._tree import Tree
 from ..likelihood import PatternData, data_log_likelihood, pattern_data
 from ..models import Model, PartitionedModel, partitioned_data, partitioned_data_log_likelihoods
-from ..models._partitioned import PartitionedData
+from ..models._partitioned import PartitionedData, grouped_data
 
 
 class PhyloCTMC(Distribution):
@@ -42,7 +42,9 @@ class PhyloCTMC(Distribution):
     part, branch lengths linked, proportional or unlinked): `log_prob` is then
     `sum_k log L(A_k | tree, t_k, M_k)` over the parts, and `obs` an
     `Alignment` or the `PartitionedData` of `jp.models.partitioned_data`.
-    Drawing alignments is for unpartitioned models.
+    Drawn from a partitioned model, an alignment is every part's sites
+    (the model's `site_counts`; `num_sites` is not needed) evolved under its
+    own model and lengths, as uncompressed `PartitionedData`.
     """
 
     support = constraints.real  # an alignment is not an array; NumPyro only needs log_prob
@@ -70,17 +72,28 @@ class PhyloCTMC(Distribution):
         return jnp.sum(partitioned_data_log_likelihoods(value, self.tree, self.model, precision=self.precision))
 
     def sample(self, key: PRNGKeyArray, sample_shape: tuple[int, ...] = ()) -> PatternData:
-        """Alignments drawn with `key`: `PatternData` of `num_sites` sites, leaves led by `sample_shape`."""
+        """Alignments drawn with `key`: `PatternData` of `num_sites` sites (a partitioned model's
+        `PartitionedData`), leaves led by `sample_shape`."""
         if isinstance(self.model, PartitionedModel):
-            raise ModelError("PhyloCTMC draws alignments of unpartitioned models only; simulate each part's "
-                             "model with jp.simulate")
-        if self.num_sites is None:
+            draw = lambda k: simulate_partitioned_data(k, self.tree, self.model)  # noqa: E731
+        elif self.num_sites is None:
             raise ModelError("PhyloCTMC draws alignments only with num_sites: PhyloCTMC(tree, model, num_sites=N)")
+        else:
+            draw = lambda k: simulate_pattern_data(k, self.tree, self.model, self.num_sites)  # noqa: E731
         if not sample_shape:
-            return simulate_pattern_data(key, self.tree, self.model, self.num_sites)
-        keys = jax.random.split(key, math.prod(sample_shape))
-        draws = jax.vmap(lambda k: simulate_pattern_data(k, self.tree, self.model, self.num_sites))(keys)
+            return draw(key)
+        draws = jax.vmap(draw)(jax.random.split(key, math.prod(sample_shape)))
         return jax.tree.map(lambda leaf: leaf.reshape(tuple(sample_shape) + leaf.shape[1:]), draws)
+
+
+def simulate_partitioned_data(key: PRNGKeyArray, tree: Tree, model: PartitionedModel) -> PartitionedData:
+    """Every part's `site_counts[k]` columns evolved down `tree` with its lengths `t_k` under its model
+    (`simulate_pattern_data`), grouped as `partitioned_data` groups them (uncompressed)."""
+    lengths = model.part_branch_lengths(tree.branch_lengths)
+    keys = jax.random.split(key, model.num_parts)
+    layouts = [simulate_pattern_data(keys[k], tree.with_branch_lengths(lengths[k]), m, n)
+               for k, (m, n) in enumerate(zip(model.models, model.site_counts))]
+    return grouped_data(layouts, model)
 
 
 @functools.partial(jax.jit, static_argnames="num_sites")

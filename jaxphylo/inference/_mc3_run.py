@@ -26,9 +26,9 @@ from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpo
 from .._errors import InputError
 from .._schedule import phase_widths
 from .._simulate import random_topology_tree
-from ..likelihood import pattern_data
 from ..likelihood._api import PRECISIONS, max_step_width
 from ..ml._fit import resolve_model
+from ..ml._search import model_record, search_data
 from ..ml._parameters import ModelCoordinates
 from ..ml._search import kernel_batch
 from ._mc3 import MOVES, MC3Settings, Posterior, initial_state, run_block, state_from_numpy, state_to_numpy
@@ -63,7 +63,7 @@ class MC3Result:
 
 def mc3(
     alignment: Alignment,
-    model: str,
+    model,
     runs: int = 2,
     chains: int = 4,
     generations: int = 100_000,
@@ -100,7 +100,7 @@ def mc3(
     posterior, state = starting_state(alignment, model, settings, seed, priors, precision, prior_only)
     coordinates = posterior.coordinates
     names = ["LnL", "LnPr", "TL"] + _parameter_names(coordinates)
-    record = {"alignment": alignment_digest(alignment), "model": str(model), "seed": seed, "precision": precision,
+    record = {"alignment": alignment_digest(alignment), "model": model_record(model), "seed": seed, "precision": precision,
               "priors": describe_priors(priors), "prior_only": prior_only,
               "settings": {k: str(v) for k, v in asdict(settings).items()}}
     files = _OutputFiles(out, settings.runs, taxa, names)
@@ -140,7 +140,7 @@ def mc3(
     return result
 
 
-def starting_state(alignment: Alignment, model: str, settings: MC3Settings, seed: int = 0, priors=None,
+def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int = 0, priors=None,
                    precision: str = "float64", prior_only: bool = False) -> tuple[Posterior, object]:
     """The posterior of `alignment` under `model` and every chain's first state (random topologies)."""
     taxa = tuple(alignment.taxa)
@@ -150,7 +150,7 @@ def starting_state(alignment: Alignment, model: str, settings: MC3Settings, seed
     coordinates = ModelCoordinates(template, free)
     b = settings.runs * settings.chains
     starts = kernel_batch([random_topology_tree(taxa, seed=seed * 7919 + k) for k in range(b)])
-    data = pattern_data(alignment, starts)
+    data = search_data(alignment, starts, template)  # a partitioned model's parts side by side
     dtype = PRECISIONS[precision]
     widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b))
     posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only, settings.branch_rate)

@@ -25,9 +25,10 @@ from .._errors import ModelError
 from .._tree import Tree
 from ..likelihood import data_log_likelihood, pattern_data
 from ..likelihood._api import PRECISIONS, _check_inputs
-from ..models import Model, estimated_parameters, model_string, parse_model
+from ..models._partitioned import _check_lengths
+from ..models import Model, PartitionedModel, PartsEstimated, estimated_parameters, model_string, parse_model, partitioned_data
 from ._optimise import OPTIMIZERS, minimise
-from ._parameters import ModelCoordinates, lengths_from_unconstrained, lengths_to_unconstrained
+from ._parameters import ModelCoordinates, estimate_sets, lengths_from_unconstrained, lengths_to_unconstrained
 
 
 @dataclass
@@ -45,26 +46,69 @@ class MLResult:
 
     @property
     def model_string(self) -> str:
+        """The fitted model's string; a partitioned model's as IQ-TREE's charpartition entries, `model:part, ...`."""
+        if isinstance(self.model, PartitionedModel):
+            return ", ".join(f"{model_string(m)}:{name}" for name, m in zip(self.model.names, self.model.models))
         return model_string(self.model)
 
 
-def resolve_model(model: str | Model, alignment: Alignment, estimate: frozenset[str] | None = None):
-    """`(Model, estimated parameter names)` under ML conventions (IQ-TREE's: no frequency term means `+F`)."""
+def ml_estimated(string: str) -> frozenset[str]:
+    """What ML estimates of a model string (IQ-TREE's convention: no frequency term means `+F`, fixed)."""
+    free = estimated_parameters(string)
+    if not any(t.strip().upper().startswith("FO") for t in string.split("+")[1:]):
+        free = free - {"frequencies"}
+    return free
+
+
+def resolve_model(model: str | Model | PartitionedModel, alignment: Alignment, estimate=None):
+    """`(model, estimated parameter names)` under ML conventions (`ml_estimated`).
+
+    A `Model` has only `estimate` free; a `PartitionedModel` built from model
+    strings (`jp.partitioned_model`) has each part's `ml_estimated` free, and
+    one set per part (`estimate_sets`).
+    """
+    if isinstance(model, PartitionedModel):
+        if estimate is not None:
+            return model, estimate_sets(model, estimate)
+        if model.model_strings:
+            return model, PartsEstimated(tuple(ml_estimated(string) for string in model.model_strings), True)
+        return model, PartsEstimated((frozenset(),) * model.num_parts, True)
     if isinstance(model, Model):
         return model, frozenset(estimate or ())
     if not isinstance(model, str):
         raise ModelError(f"model must be a model string or a Model, not {type(model).__name__}")
     parsed = parse_model(model, alignment=alignment)
-    free = estimated_parameters(model)
-    if not any(t.strip().upper().startswith("FO") for t in model.split("+")[1:]):
-        free = free - {"frequencies"}
-    return parsed, free if estimate is None else frozenset(estimate)
+    return parsed, ml_estimated(model) if estimate is None else frozenset(estimate)
 
 
 def _objective(params, coordinates: ModelCoordinates, tree: Tree, data, precision):
     model = coordinates.model(params["model"])
-    tree = tree.with_branch_lengths(_tree_lengths(params["lengths"], tree))
-    return -data_log_likelihood(data, tree, model, precision=precision)
+    lengths = _tree_lengths(params["lengths"], tree)
+    if lengths.ndim == 2:  # a partitioned model's unlinked lengths [K, nodes]
+        return -data_log_likelihood(data, tree, model.with_branch_lengths(lengths), precision=precision)
+    return -data_log_likelihood(data, tree.with_branch_lengths(lengths), model, precision=precision)
+
+
+def reported_parameters(values: dict, model) -> dict:
+    """Fitted values by site name as lists; a partitioned model's rates as IQ-TREE reports them (site-weighted
+    mean 1)."""
+    parameters = {k: np.asarray(v).tolist() for k, v in values.items()}
+    if "part_rates" in parameters:
+        parameters["part_rates"] = np.asarray(model.normalised_rates()).tolist()
+    return parameters
+
+
+def _fit_data(alignment: Alignment, tree: Tree, model):
+    """`(pattern data, starting branch lengths)`: `[K, nodes]` lengths for a partitioned model's unlinked ones."""
+    if not isinstance(model, PartitionedModel):
+        _check_inputs(alignment, tree, model)
+        return pattern_data(alignment, tree), jnp.asarray(tree.branch_lengths, float)
+    _check_lengths(tree, model)
+    data = partitioned_data(alignment, tree, model)
+    lengths = jnp.asarray(tree.branch_lengths, float)
+    if model.link == "unlinked":
+        lengths = model.part_branch_lengths(lengths)
+    return data, lengths
 
 
 def _tree_lengths(u, tree: Tree):
@@ -97,13 +141,12 @@ def fit(
         raise ModelError(f"precision must be 'float64' or 'float32', not {precision!r}")
     start = time.perf_counter()
     template, free = resolve_model(model, alignment, estimate)
-    _check_inputs(alignment, tree, template)
-    coordinates = ModelCoordinates(template, frozenset(free))
-    data = pattern_data(alignment, tree)
-    lengths = lengths_to_unconstrained(jnp.asarray(tree.branch_lengths, float))
+    coordinates = ModelCoordinates(template, free)
+    data, lengths = _fit_data(alignment, tree, template)
+    lengths = lengths_to_unconstrained(lengths)
     # Branch lengths first, under the starting model, then everything: straight from a poor start tree,
     # L-BFGS's first steps on the Gamma shape can overshoot into the alpha -> 0 basin (DS1: 10 log units worse).
-    fixed_model = ModelCoordinates(template, frozenset())
+    fixed_model = ModelCoordinates(template, estimate_sets(template, ()))
     lengths = minimise(_objective, {"model": {}, "lengths": lengths}, (fixed_model, tree, data, precision), optimizer,
                        tolerance, max_iterations)[0]["lengths"]
     fits = [minimise(_objective, {"model": start, "lengths": lengths}, (coordinates, tree, data, precision), optimizer,
@@ -111,8 +154,12 @@ def fit(
     params, value, iterations = min(fits, key=lambda result: float(result[1]))
     fitted = coordinates.model(params["model"])
     lengths = np.asarray(_tree_lengths(params["lengths"], tree))
+    parameters = reported_parameters(coordinates.named_values(params["model"]), fitted)
+    if lengths.ndim == 2:  # unlinked: every part's lengths in the model, their site-weighted mean on the tree
+        fitted = fitted.with_branch_lengths(lengths)
+        lengths = np.average(lengths, axis=0, weights=fitted.site_counts)
     return MLResult(
         tree=tree.with_branch_lengths(lengths), model=fitted, log_likelihood=-float(value),
         iterations=int(iterations), seconds=time.perf_counter() - start,
-        parameters={k: np.asarray(v).tolist() for k, v in coordinates.named_values(params["model"]).items()},
+        parameters=parameters,
     )

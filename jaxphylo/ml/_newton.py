@@ -18,8 +18,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from .._schedule import device_schedule
-from ..likelihood._api import _batch_pattern_log_likelihoods, batch_layout_lengths
+from ..likelihood._api import PatternData, _batch_pattern_log_likelihoods, batch_layout_lengths
 from ..likelihood._derivatives import layout_branch_derivatives
+from ..models import PartitionedModel
 from ._parameters import MAX_LENGTH, MIN_LENGTH
 
 FRACTIONS = (1.0, 0.5, 0.25, 0.0)
@@ -29,12 +30,31 @@ def node_branch_derivatives(parents: Int[Array, "B M"], lengths: Float[Array, "B
                             weights: Float[Array, "B P"], widths, dtype):
     """`(f' [B, M], f'' [B, M], log L [B])` for the branch above every kernel node."""
     schedule = device_schedule(parents, widths)
-    first, second, log_l = layout_branch_derivatives(model, batch_layout_lengths(lengths, schedule), data, weights,
-                                                     schedule, dtype)
+    layout = batch_layout_lengths(lengths, schedule)
+    if isinstance(model, PartitionedModel):
+        first, second, log_l = _part_derivatives(model, layout, data, weights, schedule, dtype)
+    else:
+        first, second, log_l = layout_branch_derivatives(model, layout, data, weights, schedule, dtype)
     batch, m = parents.shape
     rows = jnp.arange(batch)[:, None]
     to_nodes = lambda per_id: jnp.zeros((batch, m + 1), per_id.dtype).at[rows, schedule.layout].add(per_id)[:, :m]
     return to_nodes(first), to_nodes(second), log_l
+
+
+def _part_derivatives(model: PartitionedModel, layout: Float[Array, "B ids"], data, weights: Float[Array, "B P"],
+                      schedule, dtype):
+    """Linked lengths `t_k = r_k t`: `f' = sum_k r_k f_k'`, `f'' = sum_k r_k^2 f_k''` (a loop over the parts)."""
+    rates, offset, totals = model.normalised_rates(), 0, []
+    for group in data.groups:
+        count, patterns = group.weights.shape
+        part_weights = weights[:, offset:offset + count * patterns].reshape(-1, count, patterns)
+        offset += count * patterns
+        for j, k in enumerate(group.parts):
+            part = PatternData(*(jnp.asarray(x)[j] for x in (group.tip_codes, group.tip_table, group.weights)))
+            first, second, log_l = layout_branch_derivatives(model.models[k], rates[k] * layout, part,
+                                                             part_weights[:, j], schedule, dtype)
+            totals.append((rates[k] * first, rates[k] ** 2 * second, log_l))
+    return tuple(sum(x) for x in zip(*totals))
 
 
 @eqx.filter_jit

@@ -25,34 +25,43 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .._precision import product_precision
 from .._schedule import device_schedule, kernel_children
-from ..likelihood._api import batch_layout_lengths, kernel_arrays
+from ..likelihood._api import batch_layout_lengths, kernel_arrays, model_arrays
 from ..likelihood._peeling import apply_transition, child_partials, post_order_partials
 from ..likelihood._preorder import pre_order_partials
+from ..models import PartitionedModel
 from ._parameters import MAX_LENGTH, MIN_LENGTH
 
 NEWTON_STEPS = 10
 CHUNK_BYTES = 1 << 28  # per chunk of edges scored together
 
 
-class TreePartials:
+class TreePartials(eqx.Module):
     """Post- and pre-order partials of a batch of kernel trees, addressed by kernel node."""
 
-    def __init__(self, parents, lengths, model, data, widths, dtype):
-        schedule = device_schedule(parents, widths)
-        arrays = kernel_arrays(model, batch_layout_lengths(lengths, schedule), data, dtype)
-        self.transition, pi, category_weights, self.codes, self.table = arrays
-        self.post, _ = post_order_partials(self.transition, self.codes, self.table, schedule)
-        self.pre, _ = pre_order_partials(self.transition, pi, category_weights, self.post, self.codes, self.table,
-                                         schedule)
+    transition: Float[Array, "B ids C S S"]
+    post: Float[Array, "B rows C P S"]
+    pre: Float[Array, "B rows C P S"]
+    codes: Int[Array, "tips_plus_one P"]
+    table: Float[Array, "codes S"]
+    ids: Int[Array, "B nodes"]
+    num_tips: int = eqx.field(static=True)
+
+    @staticmethod
+    def build(arrays, schedule, parents: Int[Array, "B M"]) -> "TreePartials":
+        """From the kernels' input `(P, pi, w, tip codes, tip table)` on the device schedule of `parents`."""
+        transition, pi, category_weights, codes, table = arrays
+        post, _ = post_order_partials(transition, codes, table, schedule)
+        pre, _ = pre_order_partials(transition, pi, category_weights, post, codes, table, schedule)
         batch, m = parents.shape
-        self.num_tips = (m + 1) // 2
         rows = jnp.arange(batch)[:, None]
         ids = jnp.arange(schedule.layout.shape[1], dtype=jnp.int32)
-        self.ids = jnp.zeros((batch, m + 1), jnp.int32).at[rows, schedule.layout].set(ids[None])
+        ids = jnp.zeros((batch, m + 1), jnp.int32).at[rows, schedule.layout].set(ids[None])
+        return TreePartials(transition, post, pre, codes, table, ids, (m + 1) // 2)
 
     def _id(self, nodes):
         return jnp.take_along_axis(self.ids, nodes.reshape(nodes.shape[0], -1), axis=1).reshape(nodes.shape)
@@ -73,14 +82,64 @@ class TreePartials:
         return jax.vmap(lambda buffer, r: buffer[r])(self.pre, rows)
 
 
-def eigen_coefficients(model, upper, lower):
-    """`g[..., c, p, k]` with `n(t) = sum_c,k g exp(lam_k rho_c t)` = `sum_x upper (P(t) lower)`, and `lam rho`."""
+class EigenSystem(eqx.Module):
+    """`Q = D^-1/2 U diag(lam) U^T D^1/2` (`root` = `sqrt(pi)`), and every category's rate times the part's."""
+
+    values: Float[Array, " S"]
+    vectors: Float[Array, "S S"]
+    root: Float[Array, " S"]
+    rates: Float[Array, " C"]
+
+
+def eigen_system(model, rate=1.0) -> EigenSystem:
     sym, root = model.substitution.symmetric_form()
     lam, u = jnp.linalg.eigh(0.5 * (sym + sym.T))
-    rates, _ = model.rate_categories()
-    project = lambda x: jnp.einsum("...s,sk->...k", x, u.astype(x.dtype), precision=product_precision())
-    g = project(upper / root.astype(upper.dtype)) * project(lower * root.astype(lower.dtype))
-    return g, (rates[:, None] * lam[None, :]).astype(g.dtype)
+    return EigenSystem(lam, u, root, rate * model.rate_categories()[0])
+
+
+def eigen_coefficients(eigen: EigenSystem, upper, lower):
+    """`g[..., c, p, k]` with `n(t) = sum_c,k g exp(lam_k rho_c t)` = `sum_x upper (P(t) lower)`, and `lam rho`."""
+    project = lambda x: jnp.einsum("...s,sk->...k", x, eigen.vectors.astype(x.dtype), precision=product_precision())
+    g = project(upper / eigen.root.astype(upper.dtype)) * project(lower * eigen.root.astype(lower.dtype))
+    return g, (eigen.rates[:, None] * eigen.values[None, :]).astype(g.dtype)
+
+
+class PartSource(eqx.Module):
+    """One evaluation group: partials, eigensystems and pattern weights with a leading part axis `[K_g]`.
+
+    An unpartitioned model is one group of one part; a `PartitionedModel` has a
+    group per (states, categories), its parts' lengths scaled by their rates.
+    """
+
+    partials: TreePartials
+    eigen: EigenSystem
+    weights: Float[Array, "parts B P"]
+
+
+def part_sources(parents, lengths, model, data, weights: Float[Array, "B P"], widths, dtype) -> list[PartSource]:
+    schedule = device_schedule(parents, widths)
+    build = jax.vmap(lambda *arrays: TreePartials.build(arrays, schedule, parents))
+    if not isinstance(model, PartitionedModel):
+        arrays = kernel_arrays(model, batch_layout_lengths(lengths, schedule), data, dtype)
+        return [PartSource(build(*(x[None] for x in arrays)), jax.tree.map(lambda x: x[None], eigen_system(model)),
+                           weights[None])]
+    rates, sources, offset = model.normalised_rates(), [], 0
+    for group in data.groups:
+        own = [model_arrays(model.models[k], batch_layout_lengths(rates[k] * lengths, schedule), dtype)
+               for k in group.parts]
+        stacked = tuple(jnp.stack(x) for x in zip(*own)) + (group.tip_codes, group.tip_table.astype(dtype))
+        eigen = jax.tree.map(lambda *x: jnp.stack(x), *[eigen_system(model.models[k], rates[k]) for k in group.parts])
+        count, patterns = group.weights.shape
+        part_weights = jnp.moveaxis(weights[:, offset:offset + count * patterns].reshape(-1, count, patterns), 1, 0)
+        sources.append(PartSource(build(*stacked), eigen, part_weights))
+        offset += count * patterns
+    return sources
+
+
+def _summed(terms, t, how):
+    """`how(g, exponents, weights, t)` summed over every part of every group in `terms` (`(g, e, w)` per group)."""
+    totals = [jax.vmap(how, in_axes=(0, 0, 0, None))(g, e, w, t) for g, e, w in terms]
+    return jax.tree.map(lambda *x: sum(jnp.sum(y, axis=0) for y in x), *totals)
 
 
 def branch_value_and_slopes(g: Float[Array, "*K C P S"], exponents: Float[Array, "C S"],
@@ -94,16 +153,16 @@ def branch_value_and_slopes(g: Float[Array, "*K C P S"], exponents: Float[Array,
     return jnp.sum(weights * jnp.log(n), -1), jnp.sum(weights * n1, -1), jnp.sum(weights * (n2 - n1 * n1), -1)
 
 
-def branch_newton(g: Float[Array, "*K C P S"], exponents: Float[Array, "C S"], weights: Float[Array, "*K P"],
-                  t0: Float[Array, "*K"]):
-    """Maximise `f(t)` (`branch_value_and_slopes`) over `t` in [1e-6, 10] from `t0`: `(best t, f(best t))`.
+def branch_newton(terms, t0: Float[Array, "*K"]):
+    """Maximise `f(t)`, summed over `terms` (`_summed` of `branch_value_and_slopes`), over `t` in [1e-6, 10]
+    from `t0`: `(best t, f(best t))`.
 
     Safeguarded Newton: where `f''` is not negative the step doubles or halves
     `t` in the direction of `f'`; the best point seen is returned.
     """
     def step(_, state):
         t, best_t, best_f = state
-        f, d1, d2 = branch_value_and_slopes(g, exponents, weights, t)
+        f, d1, d2 = _summed(terms, t, branch_value_and_slopes)
         better = f > best_f
         best_t, best_f = jnp.where(better, t, best_t), jnp.where(better, f, best_f)
         newton = t - d1 / jnp.where(d2 < 0, d2, -1.0)
@@ -111,8 +170,9 @@ def branch_newton(g: Float[Array, "*K C P S"], exponents: Float[Array, "C S"], w
         return jnp.clip(t, MIN_LENGTH, MAX_LENGTH), best_t, best_f
 
     t0 = jnp.clip(t0, MIN_LENGTH, MAX_LENGTH)
-    t, best_t, best_f = jax.lax.fori_loop(0, NEWTON_STEPS, step, (t0, t0, jnp.full(t0.shape, -jnp.inf, g.dtype)))
-    f, _, _ = branch_value_and_slopes(g, exponents, weights, t)
+    dtype = terms[0][0].dtype
+    t, best_t, best_f = jax.lax.fori_loop(0, NEWTON_STEPS, step, (t0, t0, jnp.full(t0.shape, -jnp.inf, dtype)))
+    f, _, _ = _summed(terms, t, branch_value_and_slopes)
     return jnp.where(f > best_f, t, best_t), jnp.maximum(f, best_f)
 
 
@@ -131,10 +191,12 @@ def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], model, 
     """Score both NNIs of every internal edge of every tree in one pass over the partials.
 
     `per_pattern` also returns `log L_c` after each swap minus `log L_c` now, per pattern (for SH-aLRT).
+    A `PartitionedModel` (with `PartitionedData`) scores every part and sums:
+    the central branch is the tree's, each part's `r_k t` (`part_sources`).
     """
     batch, m = parents.shape
     n = (m + 1) // 2
-    partials = TreePartials(parents, lengths, model, data, widths, dtype)
+    sources = part_sources(parents, lengths, model, data, weights, widths, dtype)
     kids = jax.vmap(kernel_children)(parents)
     v = jnp.broadcast_to(jnp.arange(n, m, dtype=parents.dtype), (batch, m - n))
     u = jnp.take_along_axis(parents, v, axis=1)
@@ -145,30 +207,42 @@ def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], model, 
     at_u = jnp.take_along_axis(kids, u[..., None], axis=1)
     s = jnp.where(at_u[..., 0] == v, at_u[..., 1], at_u[..., 0])
     a, b, s = (jnp.where(valid, x, 0) for x in (a, b, s))
-
     lengths_v = jnp.take_along_axis(lengths, v, axis=1)
-    w = weights[:, None, None, :]
 
-    def score(edges):
-        """Fitted lengths, gains (and per-pattern gains) of one chunk of edges `[B, E]`."""
-        u_, s_, a_, b_, t_now = (jnp.take_along_axis(x, edges, axis=1) for x in (u, s, a, b, lengths_v))
+    def coefficients(partials: TreePartials, eigen: EigenSystem, u_, s_, a_, b_):
+        """`(g [B, E, 3, C, P, S], exponents)` of the current arrangement and both swaps, for one part."""
         q = partials.upper(u_)
         m_a, m_b, m_s = partials.message(a_), partials.message(b_), partials.message(s_)
         upper = jnp.stack([q * m_s, q * m_a, q * m_b], axis=2)
         lower = jnp.stack([m_a * m_b, m_s * m_b, m_a * m_s], axis=2)
-        g, exponents = eigen_coefficients(model, upper, lower)
-        t0 = jnp.broadcast_to(t_now[..., None], g.shape[:3])
-        t, f = branch_newton(g[:, :, 1:], exponents, w.astype(g.dtype), t0[:, :, 1:])
-        now, _, _ = branch_value_and_slopes(g[:, :, :1], exponents, w.astype(g.dtype), t0[:, :, :1])
+        return eigen_coefficients(eigen, upper, lower)
+
+    def score(edges):
+        """Fitted lengths, gains (and per-pattern gains) of one chunk of edges `[B, E]`."""
+        u_, s_, a_, b_, t_now = (jnp.take_along_axis(x, edges, axis=1) for x in (u, s, a, b, lengths_v))
+        terms = []
+        for source in sources:
+            g, exponents = jax.vmap(coefficients, in_axes=(0, 0, None, None, None, None))(
+                source.partials, source.eigen, u_, s_, a_, b_)
+            terms.append((g, exponents, source.weights[:, :, None, None, :].astype(g.dtype)))
+        t0 = jnp.broadcast_to(t_now[..., None], t_now.shape + (3,))
+        t, f = branch_newton([(g[:, :, :, 1:], e, w) for g, e, w in terms], t0[:, :, 1:])
+        now, _, _ = _summed([(g[:, :, :, :1], e, w) for g, e, w in terms], t0[:, :, :1], branch_value_and_slopes)
         if not per_pattern:
             return t, f - now, None
-        log_n = lambda g, t: jnp.log(jnp.maximum(jnp.einsum(
-            "...cpk,...ck->...p", g, jnp.exp(exponents * t[..., None, None]), precision=product_precision()), 1e-300))
-        return t, f - now, log_n(g[:, :, 1:], t) - log_n(g[:, :, :1], t0[:, :, :1])
 
-    # Edges in chunks, so that the `[B, E, 3, C, P, S]` coefficients stay near `CHUNK_BYTES`.
+        def log_n(g, exponents, t):
+            n = jnp.einsum("...cpk,...ck->...p", g, jnp.exp(exponents * t[..., None, None]), precision=product_precision())
+            return jnp.log(jnp.maximum(n, 1e-300))
+
+        gains = [jax.vmap(lambda g, e: log_n(g[:, :, 1:], e, t) - log_n(g[:, :, :1], e, t0[:, :, :1]))(g, e)
+                 for g, e, _ in terms]  # [K_g, B, E, 2, P] each: parts side by side, as the weights
+        return t, f - now, jnp.concatenate([jnp.moveaxis(x, 0, -2).reshape(x.shape[1:-1] + (-1,)) for x in gains], -1)
+
+    # Edges in chunks, so that the `[K_g, B, E, 3, C, P, S]` coefficients stay near `CHUNK_BYTES`.
     k = m - n
-    edge_bytes = 3 * partials.post.shape[2] * partials.post.shape[3] * partials.post.shape[4] * 8 * batch
+    per_tree = sum(int(np.prod(source.partials.post.shape[:1] + source.partials.post.shape[3:])) for source in sources)
+    edge_bytes = 3 * per_tree * 8 * batch
     chunk = max(1, min(k, CHUNK_BYTES // edge_bytes))
     chunks = -(-k // chunk)
     order = jnp.minimum(jnp.arange(chunks * chunk), k - 1).reshape(chunks, 1, chunk)

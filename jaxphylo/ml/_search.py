@@ -32,7 +32,7 @@ import numpy as np
 from .._alignment import Alignment
 from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._distances import distances
-from .._errors import InputError
+from .._errors import InputError, ModelError
 from .._neighbor_joining import bionj
 from .._parsimony import parsimony_tree
 from .._schedule import phase_widths
@@ -41,8 +41,8 @@ from .._tree import Tree, TreeBatch
 from ..likelihood import pattern_data
 from ..likelihood._finite import require_finite
 from ..likelihood._api import PRECISIONS, _batch_pattern_log_likelihoods, max_step_width
-from ..models import Model
-from ._fit import MLResult, resolve_model
+from ..models import Model, PartitionedModel, partitioned_data
+from ._fit import MLResult, reported_parameters, resolve_model
 from ._newton import newton_lengths
 from ._nni import apply_nnis, independent_moves, nni_scores
 from ._optimise import minimise
@@ -351,6 +351,19 @@ def _check_start(alignment: Alignment, tree: Tree) -> None:
         raise InputError(f"start tree: taxon {only[0]!r} of {alignment.source} is missing")
 
 
+def search_data(alignment: Alignment, trees: TreeBatch, model):
+    """Pattern data laid out for the batch's tips; a partitioned model's parts side by side.
+
+    Unlinked lengths (-Q) are refused here: a search's trees carry one set of lengths.
+    """
+    if not isinstance(model, PartitionedModel):
+        return pattern_data(alignment, trees)
+    if model.link == "unlinked":
+        raise ModelError("a topology search links branch lengths across parts (-p or -q); unlinked lengths (-Q) "
+                         "are fitted on a fixed topology (jaxphylo ml -te TREE, or ml.fit)")
+    return partitioned_data(alignment, trees, model)
+
+
 def kernel_batch(trees: list[Tree]) -> TreeBatch:
     """Trees as a search batch, each rooted on tip 0."""
     batch = TreeBatch.from_trees(trees)
@@ -362,7 +375,7 @@ def kernel_batch(trees: list[Tree]) -> TreeBatch:
 
 def search(
     alignment: Alignment,
-    model: str | Model,
+    model: str | Model | PartitionedModel,
     start: Tree | str | None = None,
     *,
     starts: int = 1,
@@ -425,7 +438,7 @@ class _SearchRun:
         trees = start_trees(alignment, start, starts, seed)
         self.size = max(settings.batch, starts)
         self.start_batch = kernel_batch(trees + trees[:1] * (self.size - len(trees)))
-        self.data = pattern_data(alignment, self.start_batch)
+        self.data = search_data(alignment, self.start_batch, self.template)
         self.dtype = PRECISIONS[precision]
         self.widths = phase_widths(self.start_batch.num_tips, max_step_width(
             self.template, self.data, self.dtype, max(2 * self.size, settings.spr_chunk)))
@@ -503,8 +516,7 @@ class _SearchRun:
         model, best_l, best_ll, values, iterations = self.refit(best_p, best_l)
         tree = TreeBatch(best_p[None], best_l[None], self.start_batch.taxa).to_trees(rooted=False)[0]
         return MLResult(tree=tree, model=model, log_likelihood=best_ll, iterations=iterations,
-                        seconds=time.perf_counter() - self.began,
-                        parameters={k: np.asarray(v).tolist() for k, v in values.items()},
+                        seconds=time.perf_counter() - self.began, parameters=reported_parameters(values, model),
                         search_rounds=len(self.trace), trace=list(self.trace))
 
     def state(self) -> dict:
@@ -543,6 +555,15 @@ def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch) -
                    where=f"log-likelihood of start tree {k + 1}")
 
 
+def model_record(model) -> str:
+    """A model as a run's checkpoint records it: a string or `Model` by its text (which holds its values), a
+    partitioned model by what it was built from and its values."""
+    if isinstance(model, PartitionedModel):
+        model = repr((model.model_strings, model.link, model.scheme.names, model.site_counts,
+                      [np.asarray(x).tolist() for x in jax.tree.leaves(model)]))
+    return str(model)
+
+
 def _search_record(alignment, model, start, starts, seed, settings, precision) -> dict:
     """What a search's result depends on: a resumed search must match it."""
     from dataclasses import asdict
@@ -551,7 +572,7 @@ def _search_record(alignment, model, start, starts, seed, settings, precision) -
     if isinstance(start, Tree):
         start = hashlib.sha256(repr((start.taxa, list(start.topology.parent),
                                      np.asarray(start.branch_lengths).tolist())).encode()).hexdigest()
-    return {"alignment": data, "model": str(model), "start": start, "starts": starts, "seed": seed,
+    return {"alignment": data, "model": model_record(model), "start": start, "starts": starts, "seed": seed,
             "settings": {k: str(v) for k, v in asdict(settings).items()}, "precision": precision}
 
 

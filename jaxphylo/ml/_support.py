@@ -11,7 +11,8 @@ per-site log-likelihoods of the three trees; centred (`c_i = L_i* - L_i`),
 each gives `delta* = 2 (largest c - second largest c)`, and the support is the
 percentage of replicates with `delta > delta*` (PhyML's and IQ-TREE's SH-like test).
 
-The bootstrap resamples alignment columns: a replicate is a vector of pattern
+The bootstrap resamples alignment columns (a partitioned alignment's within
+each part, as IQ-TREE does; RELL too): a replicate is a vector of pattern
 counts, so all replicates run as one batch of trees (one weight row each)
 through the same NNI climbing as the search, each from the BIONJ tree of its
 own columns, under the ML model. Support = percentage of replicate trees
@@ -32,9 +33,9 @@ from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpo
 from .._distances import distances
 from .._neighbor_joining import bionj
 from .._tree import Topology, Tree, TreeBatch
-from ..likelihood import pattern_data
 from ..likelihood._api import PRECISIONS, max_step_width
 from .._schedule import phase_widths
+from ..models import PartitionedModel, part_alignments
 from ._fit import MLResult
 from ._nni import nni_scores
 from ._rooting import fixed_branches
@@ -102,10 +103,10 @@ def _kernel_splits(parent: np.ndarray, taxa) -> list[frozenset | None]:
 def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed: int = 0,
             precision: str = "float64") -> dict[frozenset, float]:
     """SH-aLRT support (percent) of every internal branch of the ML tree, by split."""
-    from ._search import kernel_batch
+    from ._search import kernel_batch, search_data
 
     batch = kernel_batch([result.tree])
-    data = pattern_data(alignment, batch)
+    data = search_data(alignment, batch, result.model)
     dtype = PRECISIONS[precision]
     widths = phase_widths(batch.num_tips, max_step_width(result.model, data, dtype))
     scores = jax.jit(nni_scores, static_argnums=(5, 6, 7))(batch.parents, batch.branch_lengths, result.model, data,
@@ -115,7 +116,7 @@ def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed
     per = np.asarray(scores.pattern_gains[0])  # [K, 2, P]: L1 - L0, L2 - L0 per pattern
     weights = np.asarray(data.weights)
     rng = np.random.default_rng(seed)
-    counts = rng.multinomial(int(weights.sum()), weights / weights.sum(), size=replicates)  # [R, P]
+    counts = _rell_counts(weights, getattr(data, "part_of_pattern", None), replicates, rng)  # [R, P]
     # Centred RELL values relative to L0: c0 = 0 - 0, c_i = (sum_R (L_i - L0)) - (sum_obs (L_i - L0)).
     observed = per @ weights  # [K, 2]
     resampled = np.einsum("kjp,rp->rkj", per, counts)
@@ -127,6 +128,74 @@ def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed
     support = np.where(delta < 0, 0.0, support)  # an NNI that beats the ML tree: no support
     kernel = _kernel_splits(np.asarray(batch.parents[0]), batch.taxa)
     return {kernel[v]: float(support[k]) for k, v in enumerate(nodes) if valid[k] and kernel[v] is not None}
+
+
+def _rell_counts(weights: np.ndarray, part_of_pattern, replicates: int, rng) -> np.ndarray:
+    """RELL pattern counts `[R, P]`: each part's sites resampled within the part (IQ-TREE's rule for partitions)."""
+    if part_of_pattern is None:
+        return rng.multinomial(int(weights.sum()), weights / weights.sum(), size=replicates)
+    counts = np.zeros((replicates, len(weights)), np.int64)
+    for part in np.unique(part_of_pattern):
+        own = part_of_pattern == part
+        counts[:, own] = rng.multinomial(int(weights[own].sum()), weights[own] / weights[own].sum(), size=replicates)
+    return counts
+
+
+class Resampling:
+    """A replicate is a draw of sites, each part's from its own sites (IQ-TREE's rule for partitions).
+
+    Sites are numbered across the parts (model units: codons for a codon
+    part); `pattern[s]` is site `s`'s pattern on the search's pattern axis and
+    `characters[s]` its alignment characters (columns) for the replicate's
+    BIONJ start. An unpartitioned alignment is one part, in model units.
+    """
+
+    def __init__(self, alignment: Alignment, model, data):
+        self.alignment = alignment
+        if not isinstance(model, PartitionedModel):
+            patterns = alignment.site_patterns()
+            self.pattern, self.num_patterns = patterns.site_pattern, patterns.num_patterns
+            self.characters, self.parts = None, None
+            return
+        parts = part_alignments(alignment, model)
+        columns = model.scheme.sites(len(alignment.sequences[0]))
+        slot = {k: (offset, j, g.weights.shape[1]) for offset, g in _group_offsets(data) for j, k in enumerate(g.parts)}
+        patterns, characters, self.parts = [], [], []
+        for k, part in enumerate(parts):
+            offset, j, width = slot[k]
+            patterns.append(offset + j * width + np.asarray(part.site_patterns().site_pattern))
+            characters += list(np.asarray(columns[k]).reshape(part.num_sites, -1))
+            self.parts.append(part.num_sites)
+        self.pattern, self.characters = np.concatenate(patterns), characters
+        self.num_patterns = int(data.weights.shape[0])
+
+    def draw(self, replicates: int, seed: int) -> np.ndarray:
+        """`[R, sites]` site indices, in the numbering above."""
+        rng = np.random.default_rng(seed)
+        if self.parts is None:
+            return rng.integers(0, self.alignment.num_sites, size=(replicates, self.alignment.num_sites))
+        starts = np.cumsum([0] + self.parts[:-1])
+        return np.concatenate([start + rng.integers(0, n, size=(replicates, n)) for start, n in zip(starts, self.parts)],
+                              axis=1)
+
+    def counts(self, rows: np.ndarray) -> np.ndarray:
+        return np.stack([np.bincount(self.pattern[row], minlength=self.num_patterns) for row in rows])
+
+    def alignment_of(self, row: np.ndarray) -> Alignment:
+        if self.characters is None:
+            return _resampled(self.alignment, row)
+        columns = np.concatenate([self.characters[s] for s in row])
+        raw = np.array([np.frombuffer(s.encode("ascii", "replace"), np.uint8) for s in self.alignment.sequences])
+        sequences = tuple(r.tobytes().decode("ascii") for r in raw[:, columns])
+        return Alignment(self.alignment.taxa, sequences, self.alignment.alphabet, self.alignment.source)
+
+
+def _group_offsets(data):
+    """`(offset on the pattern axis, group)` of every group of `PartitionedData`."""
+    offset = 0
+    for group in data.groups:
+        yield offset, group
+        offset += group.weights.shape[0] * group.weights.shape[1]
 
 
 def _resampled(alignment: Alignment, columns: np.ndarray) -> Alignment:
@@ -151,11 +220,12 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     The batches are fixed by `replicates` alone, so an interrupted and
     resumed bootstrap gives the trees an uninterrupted one gives.
     """
-    from ._search import Climb, SearchSettings
+    from ._search import Climb, SearchSettings, kernel_batch, search_data
 
     settings = settings or SearchSettings()
-    rng = np.random.default_rng(seed)
-    columns = rng.integers(0, alignment.num_sites, size=(replicates, alignment.num_sites))
+    batch = kernel_batch([result.tree])
+    resampling = Resampling(alignment, result.model, search_data(alignment, batch, result.model))
+    columns = resampling.draw(replicates, seed)
     record = {"alignment": alignment_digest(alignment),
               "tree": [list(result.tree.topology.parent), np.asarray(result.tree.branch_lengths).tolist()],
               "model": [np.asarray(x).tolist() for x in jax.tree.leaves(result.model)],
@@ -173,9 +243,9 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
         rows = columns[first: first + BOOTSTRAP_BATCH]
         where = f"after {len(done)} of {replicates} replicates"
         stop_point(stop, save, checkpoint, where)
-        climb = Climb(**climb) if climb is not None else _replicate_starts(alignment, result, rows, settings,
+        climb = Climb(**climb) if climb is not None else _replicate_starts(resampling, result, rows, settings,
                                                                            precision)
-        problem = _replicate_problem(alignment, result, rows, settings, precision)
+        problem = _replicate_problem(resampling, result, rows, settings, precision)
         while not climb.done:
             stop_point(stop, save, checkpoint, where)
             climb.step(lambda _: problem, settings, (lambda best: progress(best)) if progress else None)
@@ -189,27 +259,27 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     return supports, trees
 
 
-def _replicate_problem(alignment, result, columns, settings, precision):
-    """The search problem of one batch of resampled column sets: one row of pattern counts per replicate."""
-    from ._search import Problem
+def _replicate_problem(resampling: Resampling, result, columns, settings, precision):
+    """The search problem of one batch of resampled site sets: one row of pattern counts per replicate."""
+    from ._search import Problem, search_data
 
-    patterns = alignment.site_patterns()
-    counts = np.stack([np.bincount(patterns.site_pattern[row], minlength=patterns.num_patterns) for row in columns])
-    data = pattern_data(alignment, TreeBatch(None, None, tuple(alignment.taxa)))  # tips in the alignment's order
+    alignment = resampling.alignment
+    counts = resampling.counts(columns)
+    data = search_data(alignment, TreeBatch(None, None, tuple(alignment.taxa)), result.model)  # alignment's order
     dtype = PRECISIONS[precision]
     widths = phase_widths(len(alignment.taxa), max_step_width(result.model, data, dtype, 2 * len(columns)))
     return Problem(result.model, data, jnp.asarray(counts, dtype), widths, dtype, settings.lengths_method)
 
 
-def _replicate_starts(alignment, result, columns, settings, precision):
+def _replicate_starts(resampling: Resampling, result, columns, settings, precision):
     """Each replicate's BIONJ tree with branch lengths fitted to its columns, as a climb (NNIs only) to run."""
     from ._search import Climb, kernel_batch, optimise_lengths
 
-    starts = []
+    alignment, starts = resampling.alignment, []
     for row in columns:
-        tree = bionj(distances(_resampled(alignment, row), saturated=5.0), alignment.taxa)
+        tree = bionj(distances(resampling.alignment_of(row), saturated=5.0), alignment.taxa)
         starts.append(tree.with_branch_lengths(np.clip(np.asarray(tree.branch_lengths, float), 1e-3, 1.0)))
     batch = kernel_batch(starts)
-    problem = _replicate_problem(alignment, result, columns, settings, precision)
+    problem = _replicate_problem(resampling, result, columns, settings, precision)
     lengths, log_l = optimise_lengths(batch.parents, batch.branch_lengths, fixed_branches(batch.parents), problem)
     return Climb(batch.parents, lengths, log_l, spr=False)

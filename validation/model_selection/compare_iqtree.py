@@ -7,7 +7,8 @@ log L and its BIC choice) and `iqtree2 -m MF -nt 1` on its own tree (its
 default choice), both timed in the same run. Writes results.json beside this
 script. Takes minutes; not a test.
 
-    python validation/model_selection/compare_iqtree.py [--datasets primates_mtDNA,DS1,DS2,DS3]
+    python validation/model_selection/compare_iqtree.py [--datasets primates_mtDNA,DS1,DS2,DS3] [--data DIR]
+        [--out results.json]   (results-gpu.json: the same on the H100 machine, IQ-TREE on its CPU)
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def iqtree(alignment: Path, workdir: Path, prefix: str, extra: list[str]) -> tup
     return {name: -float(value) for name, value in rows}, chosen, seconds
 
 
-def compare(name: str, workdir: Path) -> dict:
-    path = DATA / name / "alignment.fasta"
+def compare(name: str, workdir: Path, data: Path = DATA) -> dict:
+    path = data / name / "alignment.fasta"
     alignment = jp.read_alignment(path)
     start = time.perf_counter()
     ours = select_model(alignment)
@@ -69,7 +70,7 @@ def compare(name: str, workdir: Path) -> dict:
     common = sorted(set(ours_by_name) & set(same_tree))
     delta = {m: ours_by_name[m] - same_tree[m] for m in common}
     return {
-        "alignment": str(path.relative_to(DATA.parent)), "taxa": len(alignment.taxa), "sites": alignment.num_sites,
+        "alignment": f"data/{name}/alignment.fasta", "taxa": len(alignment.taxa), "sites": alignment.num_sites,
         "ours": {"best_BIC": ours.best, "best_AIC": ours.best_under("AIC"), "best_AICc": ours.best_under("AICc"),
                  "fitted": ours.model_string, "models_fitted": len(ours.fits),
                  "seconds_cold": round(cold, 2), "seconds_warm": round(warm, 2)},
@@ -97,10 +98,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="primates_mtDNA,DS1")
     parser.add_argument("--out", default=str(HERE / "results.json"))
+    parser.add_argument("--data", default=str(DATA), help="folder of the data sets (default ../shared/data)")
     args = parser.parse_args()
     version = subprocess.run(["iqtree2", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     results = {"machine": {"platform": platform.platform(), "processor": platform.processor(),
-                           "jax_backend": jax.default_backend(), "iqtree": version},
+                           "jax_backend": jax.default_backend(), "device": str(jax.devices()[0]),
+                           "iqtree": version},
                "note": "ours cold = first select_model call in the process (compilation included); warm = same "
                        "call again. IQ-TREE -nt 1, -m MF, same run; same_tree uses -te with our BIONJ tree.",
                "datasets": {}}
@@ -109,7 +112,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.datasets.split(","):
             print(f"# {name}", flush=True)
-            results["datasets"][name] = compare(name, Path(tmp))
+            results["datasets"][name] = compare(name, Path(tmp), Path(args.data))
             summary = {k: v for k, v in results["datasets"][name].items() if k != "log_likelihood"}
             print(json.dumps(summary, indent=1), flush=True)
             Path(args.out).write_text(json.dumps(results, indent=1) + "\n")

@@ -1,0 +1,185 @@
+"""Partitioned models in inference: ML fits against IQ-TREE 2 (`-p/-q/-Q FILE -te TREE`), the search's NNI
+scores and Newton derivatives summed over parts, search + bootstrap + SH-aLRT, NUTS (`sample -p`) and MC³
+(`mcmc -p`) on partitioned models.
+
+The IQ-TREE fits run in a second each. Our fits stop when log L gains less than 1e-3 over five L-BFGS
+iterations; on these data that leaves them up to 0.015 below a fully converged optimum (IQ-TREE's stop is
+per round of its coordinate-wise optimiser), so the bar is `ours >= IQ-TREE - 0.02`.
+"""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import require
+
+import jaxphylo as jp
+from jaxphylo import ml
+from jaxphylo._schedule import phase_widths
+from jaxphylo.io import read_partitions
+from jaxphylo.likelihood._api import _batch_pattern_log_likelihoods
+from jaxphylo.ml._newton import node_branch_derivatives
+from jaxphylo.ml._nni import apply_nnis, nni_scores
+from jaxphylo.ml._search import kernel_batch
+from jaxphylo.models import partitioned_data
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def two_genes(tmp_path, models="HKY+G4:g1, JC:g2", sites=(0, 600, 1200)):
+    charsets = f"charset g1 = {sites[0] + 1}-{sites[1]};\ncharset g2 = {sites[1] + 1}-{sites[2]};\n"
+    return write(tmp_path / "genes.nex", f"#nexus\nbegin sets;\n{charsets}charpartition m = {models};\nend;\n")
+
+
+def iqtree_log_likelihood(alignment_path, flag, partition, tree_path, prefix):
+    require("iqtree2")
+    subprocess.run(["iqtree2", "-s", str(alignment_path), flag, str(partition), "-te", str(tree_path), "-pre",
+                    str(prefix), "-redo", "-quiet", "-nt", "1", "-seed", "1", "-keep-ident"], check=True,
+                   capture_output=True, timeout=300)
+    return float(prefix.with_suffix(".iqtree").read_text().split("Log-likelihood of the tree:")[1].split()[0])
+
+
+def test_partitioned_fit_reaches_iqtree_in_every_link_mode(tmp_path):
+    """`ml.fit` on the example split in two genes (HKY+G4 and GTR+F+I): model, part rates (-p) and branch
+    lengths (per part with -Q) against IQ-TREE's own fit on the same topology; -te through the CLI for -Q."""
+    alignment_path, tree_path = jp.example_paths()
+    alignment, tree = jp.read_alignment(alignment_path), jp.read_tree(tree_path)
+    partition = two_genes(tmp_path, "HKY+G4:g1, GTR+F+I:g2", (0, 300, 600))
+    for flag, link in (("-p", "proportional"), ("-q", "equal")):
+        theirs = iqtree_log_likelihood(alignment_path, flag, partition, tree_path, tmp_path / flag[1])
+        result = ml.fit(alignment, tree, jp.partitioned_model(read_partitions(partition), alignment, link=link))
+        assert theirs - 0.02 <= result.log_likelihood <= theirs + 0.05, (link, result.log_likelihood, theirs)
+        assert float(jp.log_likelihood(alignment, result.tree, result.model)) == pytest.approx(
+            result.log_likelihood, abs=1e-6)
+    assert set(result.parameters) == {"g1.kappa", "g1.gamma_shape", "g2.gtr_rates", "g2.proportion_invariant"}
+    theirs = iqtree_log_likelihood(alignment_path, "-Q", partition, tree_path, tmp_path / "Q")
+    run = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "ml", str(alignment_path), "-m", "GTR+G4", "-Q",
+                          str(partition), "-te", str(tree_path), "-o", str(tmp_path / "ours")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert theirs - 0.02 <= float(run.stdout) <= theirs + 0.05
+    part_trees = [t for t in (tmp_path / "ours.parttrees").read_text().split(";") if t.strip()]
+    assert len(part_trees) == 2 and json.loads((tmp_path / "ours.json").read_text())["model"].endswith(":g2")
+
+
+def test_partitioned_nni_scores_and_newton_derivatives_are_exact(tmp_path):
+    """Summed over parts of two groups (4 and 1 categories), each NNI's gain with its fitted central branch is
+    the change of the whole partitioned log L, per pattern too; Newton's derivatives equal finite differences."""
+    alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(9)], seed=4), jp.parse_model("JC"),
+                            300, seed=2)
+    scheme = read_partitions(write(tmp_path / "p.nex", "#nexus\nbegin sets;\ncharset a = 1-100;\n"
+                                   "charset b = 101-300\\2;\ncharset c = 102-300\\2;\ncharpartition m = "
+                                   "HKY{2.5}+F{0.3,0.2,0.2,0.3}+G4{0.3}:a, JC+I{0.2}:b, GTR{1,2,1,1,3}+F+G4{1.2}:c;\n"
+                                   "end;\n"))
+    model = jp.partitioned_model(scheme, alignment, rates=[0.5, 1.5, 1.0])
+    trees = kernel_batch([jp.random_topology_tree(alignment.taxa, seed=k) for k in (7, 8)])
+    data = partitioned_data(alignment, trees, model)
+    weights = jnp.broadcast_to(data.weights, (2, data.weights.shape[0]))
+
+    def log_l(parents, lengths):
+        per = _batch_pattern_log_likelihoods(model, parents, lengths, data, phase_widths(9), jnp.float64)
+        return jnp.sum(weights * per, axis=-1)
+
+    now = log_l(trees.parents, trees.branch_lengths)
+    for b, t in enumerate(trees.to_trees(rooted=False)):
+        assert float(now[b]) == pytest.approx(float(jp.log_likelihood(alignment, t, model)), abs=1e-8)
+    scores = nni_scores(trees.parents, trees.branch_lengths, model, data, weights, phase_widths(9), jnp.float64,
+                        True)
+    edges = scores.gains.shape[1]
+    for k in np.flatnonzero(np.asarray(scores.valid[0])):
+        for which in (0, 1):
+            chosen = jnp.zeros((2, edges), bool).at[:, k].set(scores.valid[:, k])
+            after = log_l(*apply_nnis(trees.parents, trees.branch_lengths, scores, chosen, jnp.full((2, edges), which)))
+            expected = np.where(scores.valid[:, k], scores.gains[:, k, which], 0)
+            np.testing.assert_allclose(after - now, expected, atol=1e-8)
+            per_pattern = jnp.sum(weights * scores.pattern_gains[:, k, which], axis=-1)
+            np.testing.assert_allclose(np.where(scores.valid[:, k], per_pattern, 0), expected, atol=1e-8)
+    first, second, value = node_branch_derivatives(trees.parents, trees.branch_lengths, model, data, weights,
+                                                   phase_widths(9), jnp.float64)
+    np.testing.assert_allclose(value, now, atol=1e-8)
+    h = 1e-4
+    for node in (2, 11):
+        step = jnp.zeros_like(trees.branch_lengths).at[:, node].set(h)
+        up, down = log_l(trees.parents, trees.branch_lengths + step), log_l(trees.parents, trees.branch_lengths - step)
+        np.testing.assert_allclose(first[:, node], (up - down) / (2 * h), rtol=1e-5)  # O(h^2) truncation
+        np.testing.assert_allclose(second[:, node], (up - 2 * now + down) / h**2, rtol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def genes(tmp_path_factory):
+    """Two genes on one 8-taxon tree: HKY+G4, and JC at three times the rate."""
+    tmp = tmp_path_factory.mktemp("genes")
+    truth = jp.random_topology_tree([f"s{i}" for i in range(8)], seed=11, mean_branch_length=0.08)
+    truth = truth.with_branch_lengths(np.asarray(truth.branch_lengths) + 0.04)
+    first = jp.simulate(truth, jp.parse_model("HKY{3}+F{0.3,0.2,0.2,0.3}+G4{0.8}"), 500, seed=5)
+    second = jp.simulate(truth.with_branch_lengths(3 * np.asarray(truth.branch_lengths)), jp.parse_model("JC"), 500,
+                         seed=6)
+    write(tmp / "genes.fasta", "".join(f">{t}\n{x}{y}\n" for t, x, y in zip(first.taxa, first.sequences,
+                                                                           second.sequences)))
+    return truth, tmp / "genes.fasta", two_genes(tmp, sites=(0, 500, 1000))
+
+
+def test_partitioned_search_bootstrap_and_alrt(genes, tmp_path):
+    """`jaxphylo ml ALN -p FILE`: the true tree, the rate ratio, supports; bootstrap replicates resample within
+    parts; -Q without -te is refused in one line."""
+    truth, alignment_path, partition = genes
+    run = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "ml", str(alignment_path), "-m", "HKY+G4", "-p",
+                          str(partition), "--patience", "1", "--batch", "2", "--bootstrap", "3", "--alrt", "100",
+                          "-o", str(tmp_path / "run")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((tmp_path / "run.json").read_text())
+    found = jp.read_tree(tmp_path / "run.treefile")
+    assert ml.robinson_foulds(found, truth) == 0
+    rates = summary["parameters"]["part_rates"]
+    assert rates[1] / rates[0] == pytest.approx(3.0, rel=0.25) and np.mean(rates) == pytest.approx(1.0)
+    assert summary["support_labels"] == "SH-aLRT/bootstrap" and summary["model"].startswith("HKY85")
+    alignment = jp.read_alignment(alignment_path)
+    model = jp.partitioned_model(read_partitions(partition), alignment)
+    resampling = ml._support.Resampling(alignment, model, partitioned_data(alignment, truth, model))
+    counts = resampling.counts(resampling.draw(4, seed=3))
+    parts = partitioned_data(alignment, truth, model).part_of_pattern
+    assert [set(counts[:, parts == k].sum(axis=1)) for k in (0, 1)] == [{500}, {500}]
+    bad = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "ml", str(alignment_path), "-m", "HKY", "-Q",
+                          str(partition)], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "-te" in bad.stderr
+
+
+def test_partitioned_sample_and_mcmc(genes, tmp_path):
+    """NUTS (`sample -p`) and MC³ (`mcmc -p`) run on a partitioned model and log every part's parameters; MC³'s
+    batched likelihood with per-chain partitioned models equals the partitioned log L of each chain's tree."""
+    from jaxphylo.inference._mc3 import MC3Settings
+    from jaxphylo.inference._tree_moves import from_view
+    from jaxphylo.inference._mc3_run import starting_state
+
+    truth, alignment_path, partition = genes
+    alignment = jp.read_alignment(alignment_path)
+    model = jp.partitioned_model(read_partitions(partition), alignment, default_model="HKY+G4")
+    posterior, state = starting_state(alignment, model, MC3Settings(runs=1, chains=2), seed=1)
+    params = jax.tree.map(lambda x: x + 0.1 * jnp.arange(2.0).reshape((2,) + (1,) * (x.ndim - 1)), state.params)
+    values = posterior.log_likelihoods(state.up, state.edge, state.root, params)
+    parents, lengths = jax.vmap(from_view)(state.up, state.edge, state.root)
+    for b, tree in enumerate(jp.TreeBatch(parents, lengths, tuple(alignment.taxa)).to_trees(rooted=False)):
+        chain_model = posterior.coordinates.model(jax.tree.map(lambda x: x[b], params))
+        assert float(values[b]) == pytest.approx(float(jp.log_likelihood(alignment, tree, chain_model)), abs=1e-8)
+    assert set(state.params) == {"g1.gamma_shape", "g1.kappa", "part_rates"}
+
+    run = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "mcmc", str(alignment_path), "-m", "HKY+G4", "-p",
+                          str(partition), "--runs", "1", "--chains", "2", "--generations", "400", "--sample-every",
+                          "100", "-o", str(tmp_path / "mc3")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "part_rates.2" in run.stdout and "g1.kappa" in run.stdout
+    jp.write_tree(truth, tmp_path / "truth.nwk")
+    run = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "sample", str(alignment_path),
+                          str(tmp_path / "truth.nwk"), "-m", "HKY+G4", "-p", str(partition), "--chains", "1",
+                          "--warmup", "60", "--samples", "40", "--no-progress", "-o", str(tmp_path / "nuts")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    header = (tmp_path / "nuts" / "chain1.log").read_text().splitlines()[0]
+    assert "g1.kappa" in header and "part_rate_multipliers" in header
