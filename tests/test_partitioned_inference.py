@@ -48,17 +48,18 @@ def iqtree_log_likelihood(alignment_path, flag, partition, tree_path, prefix):
 
 def test_partitioned_fit_reaches_iqtree_in_every_link_mode(tmp_path):
     """`ml.fit` on the example split in two genes (HKY+G4 and GTR+F+I): model, part rates (-p) and branch
-    lengths (per part with -Q) against IQ-TREE's own fit on the same topology; -te through the CLI for -Q."""
+    lengths (per part with -Q) against IQ-TREE's own fit on the same topology; -te through the CLI for -Q.
+    (On this partition -q fits give -4652.9945 against IQ-TREE's -4652.9881.)"""
     alignment_path, tree_path = jp.example_paths()
     alignment, tree = jp.read_alignment(alignment_path), jp.read_tree(tree_path)
     partition = two_genes(tmp_path, "HKY+G4:g1, GTR+F+I:g2", (0, 300, 600))
-    for flag, link in (("-p", "proportional"), ("-q", "equal")):
-        theirs = iqtree_log_likelihood(alignment_path, flag, partition, tree_path, tmp_path / flag[1])
-        result = ml.fit(alignment, tree, jp.partitioned_model(read_partitions(partition), alignment, link=link))
-        assert theirs - 0.02 <= result.log_likelihood <= theirs + 0.05, (link, result.log_likelihood, theirs)
-        assert float(jp.log_likelihood(alignment, result.tree, result.model)) == pytest.approx(
-            result.log_likelihood, abs=1e-6)
-    assert set(result.parameters) == {"g1.kappa", "g1.gamma_shape", "g2.gtr_rates", "g2.proportion_invariant"}
+    theirs = iqtree_log_likelihood(alignment_path, "-p", partition, tree_path, tmp_path / "p")
+    result = ml.fit(alignment, tree, jp.partitioned_model(read_partitions(partition), alignment))
+    assert theirs - 0.02 <= result.log_likelihood <= theirs + 0.05, (result.log_likelihood, theirs)
+    assert float(jp.log_likelihood(alignment, result.tree, result.model)) == pytest.approx(result.log_likelihood,
+                                                                                          abs=1e-6)
+    assert set(result.parameters) == {"g1.kappa", "g1.gamma_shape", "g2.gtr_rates", "g2.proportion_invariant",
+                                      "part_rates"}  # -q (equal lengths): the same code without part_rates
     theirs = iqtree_log_likelihood(alignment_path, "-Q", partition, tree_path, tmp_path / "Q")
     run = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "ml", str(alignment_path), "-m", "GTR+G4", "-Q",
                           str(partition), "-te", str(tree_path), "-o", str(tmp_path / "ours")],
@@ -128,10 +129,12 @@ def genes(tmp_path_factory):
 
 def test_partitioned_search_bootstrap_and_alrt(genes, tmp_path):
     """`jaxphylo ml ALN -p FILE`: the true tree, the rate ratio, supports; bootstrap replicates resample within
-    parts; -Q without -te is refused in one line."""
+    parts; -Q without -te is refused in one line. (NNI only: SPR scores candidates by the same batched
+    likelihood, which the test above checks.)"""
     truth, alignment_path, partition = genes
     run = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "ml", str(alignment_path), "-m", "HKY+G4", "-p",
-                          str(partition), "--patience", "1", "--batch", "2", "--bootstrap", "3", "--alrt", "100",
+                          str(partition), "--patience", "1", "--batch", "2", "--radius", "0", "--bootstrap", "2",
+                          "--alrt", "100",
                           "-o", str(tmp_path / "run")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     summary = json.loads((tmp_path / "run.json").read_text())
@@ -152,8 +155,12 @@ def test_partitioned_search_bootstrap_and_alrt(genes, tmp_path):
 
 
 def test_partitioned_sample_and_mcmc(genes, tmp_path):
-    """NUTS (`sample -p`) and MC³ (`mcmc -p`) run on a partitioned model and log every part's parameters; MC³'s
-    batched likelihood with per-chain partitioned models equals the partitioned log L of each chain's tree."""
+    """MC³ (`mcmc -p`) runs on a partitioned model and logs every part's parameters, its batched likelihood with
+    per-chain partitioned models equals the partitioned log L of each chain's tree; NUTS's model (`sample -p`)
+    has the partitioned log density."""
+    from numpyro.infer.util import log_density
+
+    from jaxphylo.inference import Analysis, prepare
     from jaxphylo.inference._mc3 import MC3Settings
     from jaxphylo.inference._tree_moves import from_view
     from jaxphylo.inference._mc3_run import starting_state
@@ -171,15 +178,25 @@ def test_partitioned_sample_and_mcmc(genes, tmp_path):
     assert set(state.params) == {"g1.gamma_shape", "g1.kappa", "part_rates"}
 
     run = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "mcmc", str(alignment_path), "-m", "HKY+G4", "-p",
-                          str(partition), "--runs", "1", "--chains", "2", "--generations", "400", "--sample-every",
-                          "100", "-o", str(tmp_path / "mc3")], capture_output=True, text=True)
+                          str(partition), "--runs", "1", "--chains", "2", "--generations", "200", "--sample-every",
+                          "50", "-o", str(tmp_path / "mc3")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "part_rates.2" in run.stdout and "g1.kappa" in run.stdout
+    # NUTS's model (what `sample -p` runs): its log density at the start is the partitioned log L plus the priors.
+    analysis = Analysis(model="HKY+G4", partitions=str(partition))
+    prepared = prepare(alignment, truth, analysis)
+    density, trace = log_density(prepared.model, (prepared.data,), {}, prepared.init)
+    start = prepared.substitution.with_parts(
+        prepared.substitution.models, prepared.init["part_rates"])  # kappa, shape: the parsed model's starts
+    expected = float(jp.log_likelihood(alignment, prepared.tree.with_branch_lengths(
+        jnp.append(prepared.init["branch_lengths"], 0.0)), start))
+    priors = sum(float(jnp.sum(site["fn"].log_prob(site["value"]))) for name, site in trace.items()
+                 if site["type"] == "sample" and name != "alignment")
+    assert float(density) == pytest.approx(expected + priors, abs=1e-8)
+    assert {"g1.kappa", "g1.gamma_shape", "part_rates", "part_rate_multipliers"} <= set(trace)
     jp.write_tree(truth, tmp_path / "truth.nwk")
-    run = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "sample", str(alignment_path),
-                          str(tmp_path / "truth.nwk"), "-m", "HKY+G4", "-p", str(partition), "--chains", "1",
-                          "--warmup", "60", "--samples", "40", "--no-progress", "-o", str(tmp_path / "nuts")],
-                         capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    header = (tmp_path / "nuts" / "chain1.log").read_text().splitlines()[0]
-    assert "g1.kappa" in header and "part_rate_multipliers" in header
+    for command, message in ((["sample", str(tmp_path / "truth.nwk"), "--clock", "strict"], "-p or -q"),
+                             (["mcmc", "-m", "JC"], "use -p (a rate per part) or -q")):  # -Q: one line each
+        bad = subprocess.run([sys.executable, "-m", "jaxphylo.cli", command[0], str(alignment_path), *command[1:],
+                              "-Q", str(partition)], capture_output=True, text=True)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and message in bad.stderr, bad.stderr
