@@ -27,16 +27,24 @@ from ._preorder import branch_derivative_visitor, pre_order_partials
 def layout_branch_derivatives(model: Model, lengths: Float[Array, "B ids"], data: PatternData,
                               pattern_weights: Float[Array, "B P"], schedule: Schedule, dtype):
     """`(d log L / dt, d^2 log L / dt^2)` at every layout id of every tree, and `log L` per tree (`[B]`)."""
-    transition, pi, weights, codes, table = kernel_arrays(model, lengths, data, dtype)
     rates, _ = model.rate_categories()
-    q = model.substitution.rate_matrix().astype(dtype)
+    return derivatives_from_arrays(kernel_arrays(model, lengths, data, dtype), model.substitution.rate_matrix(),
+                                   rates, pattern_weights, schedule, dtype)
+
+
+def derivatives_from_arrays(arrays, q: Float[Array, "S S"], rates: Float[Array, " C"],
+                            pattern_weights: Float[Array, "B P"], schedule: Schedule, dtype):
+    """`layout_branch_derivatives` from the kernels' input `(P, pi, w, tip codes, tip table)`, `Q` and the
+    category rates (pure arrays: vmapped over the parts of a partitioned model)."""
+    transition, pi, weights, codes, table = arrays
+    q = q.astype(dtype)
     rates = rates.astype(dtype)[None, None, :, None, None]
     first_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, transition, precision=product_precision())
     second_matrices = rates * jnp.einsum("ij,bncjk->bncik", q, first_matrices, precision=product_precision())
     post, log_scales = post_order_partials(transition, codes, table, schedule)
     pattern_weights = pattern_weights.astype(dtype)
     visit = branch_derivative_visitor(first_matrices, second_matrices, pattern_weights)
-    zeros = jnp.zeros(lengths.shape, dtype)
+    zeros = jnp.zeros(transition.shape[:2], dtype)  # [B, ids]
     _, (first, second) = pre_order_partials(transition, pi, weights, post, codes, table, schedule, visit, (zeros, zeros))
     log_l = jnp.sum(pattern_weights * log_likelihoods_from(post, log_scales, pi, weights, schedule), axis=-1)
     return first, second, log_l

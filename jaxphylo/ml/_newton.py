@@ -15,11 +15,12 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .._schedule import device_schedule
-from ..likelihood._api import PatternData, _batch_pattern_log_likelihoods, batch_layout_lengths
-from ..likelihood._derivatives import layout_branch_derivatives
+from ..likelihood._api import _batch_pattern_log_likelihoods, batch_layout_lengths, model_arrays
+from ..likelihood._derivatives import derivatives_from_arrays, layout_branch_derivatives
 from ..models import PartitionedModel
 from ._parameters import MAX_LENGTH, MIN_LENGTH
 
@@ -43,17 +44,23 @@ def node_branch_derivatives(parents: Int[Array, "B M"], lengths: Float[Array, "B
 
 def _part_derivatives(model: PartitionedModel, layout: Float[Array, "B ids"], data, weights: Float[Array, "B P"],
                       schedule, dtype):
-    """Linked lengths `t_k = r_k t`: `f' = sum_k r_k f_k'`, `f'' = sum_k r_k^2 f_k''` (a loop over the parts)."""
+    """Linked lengths `t_k = r_k t`: `f' = sum_k r_k f_k'`, `f'' = sum_k r_k^2 f_k''`, one pass per group
+    (vmapped over its parts, as the likelihood is)."""
     rates, offset, totals = model.normalised_rates(), 0, []
     for group in data.groups:
         count, patterns = group.weights.shape
-        part_weights = weights[:, offset:offset + count * patterns].reshape(-1, count, patterns)
+        part_weights = jnp.moveaxis(weights[:, offset:offset + count * patterns].reshape(-1, count, patterns), 1, 0)
         offset += count * patterns
-        for j, k in enumerate(group.parts):
-            part = PatternData(*(jnp.asarray(x)[j] for x in (group.tip_codes, group.tip_table, group.weights)))
-            first, second, log_l = layout_branch_derivatives(model.models[k], rates[k] * layout, part,
-                                                             part_weights[:, j], schedule, dtype)
-            totals.append((rates[k] * first, rates[k] ** 2 * second, log_l))
+        members = [model.models[k] for k in group.parts]
+        arrays = [model_arrays(m, rates[k] * layout, dtype) for m, k in zip(members, group.parts)]
+        stacked = tuple(jnp.stack(x) for x in zip(*arrays)) + (jnp.asarray(group.tip_codes),
+                                                                 jnp.asarray(group.tip_table).astype(dtype))
+        q = jnp.stack([m.substitution.rate_matrix() for m in members])
+        category_rates = jnp.stack([m.rate_categories()[0] for m in members])
+        first, second, log_l = jax.vmap(lambda a, q, c, w: derivatives_from_arrays(a, q, c, w, schedule, dtype))(
+            stacked, q, category_rates, part_weights)
+        r = jnp.asarray(rates)[np.asarray(group.parts)][:, None, None]
+        totals.append((jnp.sum(r * first, 0), jnp.sum(r**2 * second, 0), jnp.sum(log_l, 0)))
     return tuple(sum(x) for x in zip(*totals))
 
 
