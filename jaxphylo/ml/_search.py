@@ -15,6 +15,9 @@ nothing better (IQ-TREE: 100, one at a time).
 
 All shapes are fixed by `N`, the pattern count and the batch size, so a whole
 search compiles a fixed handful of programs, whatever the number of moves.
+
+A partitioned model (`-p`, `-q`) searches one tree whose lengths every part
+scales by its rate: scores, Newton steps and fits sum over the parts.
 """
 
 from __future__ import annotations
@@ -81,10 +84,13 @@ class SearchSettings:
 
 
 class Problem(eqx.Module):
-    """What every step of a search needs: model, pattern data, per-tree pattern weights, fixed-branch mask."""
+    """What every step of a search needs: model, pattern data, per-tree pattern weights, fixed-branch mask.
 
-    model: Model
-    data: object
+    A `PartitionedModel` comes with `PartitionedData`: its parts' patterns side by side, the weights too.
+    """
+
+    model: Model | PartitionedModel
+    data: object  # PatternData, or PartitionedData
     weights: jax.Array  # [B or 1, patterns]
     widths: tuple[int, ...] = eqx.field(static=True)
     dtype: object = eqx.field(static=True)
