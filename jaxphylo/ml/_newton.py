@@ -19,9 +19,10 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .._schedule import device_schedule
-from ..likelihood._api import _batch_pattern_log_likelihoods, batch_layout_lengths, model_arrays
+from ..likelihood._api import _batch_pattern_log_likelihoods, batch_layout_lengths
 from ..likelihood._derivatives import derivatives_from_arrays, layout_branch_derivatives
 from ..models import PartitionedModel
+from ..models._partitioned import group_kernel_arrays
 from ._parameters import MAX_LENGTH, MIN_LENGTH
 
 FRACTIONS = (1.0, 0.5, 0.25, 0.0)
@@ -46,19 +47,14 @@ def _part_derivatives(model: PartitionedModel, layout: Float[Array, "B ids"], da
                       schedule, dtype):
     """Linked lengths `t_k = r_k t`: `f' = sum_k r_k f_k'`, `f'' = sum_k r_k^2 f_k''`, one pass per group
     (vmapped over its parts, as the likelihood is)."""
-    rates, offset, totals = model.normalised_rates(), 0, []
-    for group in data.groups:
-        count, patterns = group.weights.shape
-        part_weights = jnp.moveaxis(weights[:, offset:offset + count * patterns].reshape(-1, count, patterns), 1, 0)
-        offset += count * patterns
+    rates, totals = model.normalised_rates(), []
+    part_layout = {k: rates[k] * layout for k in range(model.num_parts)}
+    for group, part_weights in zip(data.groups, data.group_weights(weights)):
         members = [model.models[k] for k in group.parts]
-        arrays = [model_arrays(m, rates[k] * layout, dtype) for m, k in zip(members, group.parts)]
-        stacked = tuple(jnp.stack(x) for x in zip(*arrays)) + (jnp.asarray(group.tip_codes),
-                                                                 jnp.asarray(group.tip_table).astype(dtype))
         q = jnp.stack([m.substitution.rate_matrix() for m in members])
         category_rates = jnp.stack([m.rate_categories()[0] for m in members])
         first, second, log_l = jax.vmap(lambda a, q, c, w: derivatives_from_arrays(a, q, c, w, schedule, dtype))(
-            stacked, q, category_rates, part_weights)
+            group_kernel_arrays(model.models, group, part_layout, dtype), q, category_rates, part_weights)
         r = jnp.asarray(rates)[np.asarray(group.parts)][:, None, None]
         totals.append((jnp.sum(r * first, 0), jnp.sum(r**2 * second, 0), jnp.sum(log_l, 0)))
     return tuple(sum(x) for x in zip(*totals))

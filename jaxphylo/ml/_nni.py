@@ -30,10 +30,11 @@ from jaxtyping import Array, Bool, Float, Int
 
 from .._precision import product_precision
 from .._schedule import device_schedule, kernel_children
-from ..likelihood._api import batch_layout_lengths, kernel_arrays, model_arrays
+from ..likelihood._api import batch_layout_lengths, kernel_arrays
 from ..likelihood._peeling import apply_transition, child_partials, post_order_partials
 from ..likelihood._preorder import pre_order_partials
 from ..models import PartitionedModel
+from ..models._partitioned import group_kernel_arrays
 from ._parameters import MAX_LENGTH, MIN_LENGTH
 
 NEWTON_STEPS = 10
@@ -123,16 +124,12 @@ def part_sources(parents, lengths, model, data, weights: Float[Array, "B P"], wi
         arrays = kernel_arrays(model, batch_layout_lengths(lengths, schedule), data, dtype)
         return [PartSource(build(*(x[None] for x in arrays)), jax.tree.map(lambda x: x[None], eigen_system(model)),
                            weights[None])]
-    rates, sources, offset = model.normalised_rates(), [], 0
-    for group in data.groups:
-        own = [model_arrays(model.models[k], batch_layout_lengths(rates[k] * lengths, schedule), dtype)
-               for k in group.parts]
-        stacked = tuple(jnp.stack(x) for x in zip(*own)) + (group.tip_codes, group.tip_table.astype(dtype))
+    rates, sources = model.normalised_rates(), []
+    layout = {k: batch_layout_lengths(rates[k] * lengths, schedule) for k in range(model.num_parts)}
+    for group, part_weights in zip(data.groups, data.group_weights(weights)):
         eigen = jax.tree.map(lambda *x: jnp.stack(x), *[eigen_system(model.models[k], rates[k]) for k in group.parts])
-        count, patterns = group.weights.shape
-        part_weights = jnp.moveaxis(weights[:, offset:offset + count * patterns].reshape(-1, count, patterns), 1, 0)
-        sources.append(PartSource(build(*stacked), eigen, part_weights))
-        offset += count * patterns
+        sources.append(PartSource(build(*group_kernel_arrays(model.models, group, layout, dtype)), eigen,
+                                  part_weights))
     return sources
 
 

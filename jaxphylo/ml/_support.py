@@ -159,7 +159,8 @@ class Resampling:
             return
         parts = part_alignments(alignment, model)
         columns = model.scheme.sites(len(alignment.sequences[0]))
-        slot = {k: (offset, j, g.weights.shape[1]) for offset, g in _group_offsets(data) for j, k in enumerate(g.parts)}
+        slot = {k: (offset, j, g.weights.shape[1]) for offset, g in zip(data.group_offsets(), data.groups)
+                for j, k in enumerate(g.parts)}
         patterns, characters, self.parts = [], [], []
         for k, part in enumerate(parts):
             offset, j, width = slot[k]
@@ -188,14 +189,6 @@ class Resampling:
         raw = np.array([np.frombuffer(s.encode("ascii", "replace"), np.uint8) for s in self.alignment.sequences])
         sequences = tuple(r.tobytes().decode("ascii") for r in raw[:, columns])
         return Alignment(self.alignment.taxa, sequences, self.alignment.alphabet, self.alignment.source)
-
-
-def _group_offsets(data):
-    """`(offset on the pattern axis, group)` of every group of `PartitionedData`."""
-    offset = 0
-    for group in data.groups:
-        yield offset, group
-        offset += group.weights.shape[0] * group.weights.shape[1]
 
 
 def _resampled(alignment: Alignment, columns: np.ndarray) -> Alignment:

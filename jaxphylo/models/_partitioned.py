@@ -274,6 +274,15 @@ class PartitionedData(eqx.Module):
     def weights(self) -> Float[Array, " patterns"]:
         return jnp.concatenate([g.weights.reshape(-1) for g in self.groups])
 
+    def group_offsets(self) -> list[int]:
+        """Where every group's patterns begin on the side-by-side pattern axis."""
+        return list(np.cumsum([0] + [g.weights.shape[0] * g.weights.shape[1] for g in self.groups])[:-1])
+
+    def group_weights(self, weights: Float[Array, "B patterns"]) -> list[Float[Array, "parts B group_patterns"]]:
+        """Per-tree weights on the side-by-side axis split into every group's `[K_g, B, P_g]`."""
+        return [jnp.moveaxis(weights[:, start:start + g.weights.size].reshape((-1,) + g.weights.shape), 1, 0)
+                for start, g in zip(self.group_offsets(), self.groups)]
+
     @property
     def part_of_pattern(self) -> Int[np.ndarray, " patterns"]:
         """The part of every pattern of the side-by-side axis (padding included)."""
@@ -323,18 +332,26 @@ def grouped_data(layouts: list, model: PartitionedModel) -> PartitionedData:
 # ---------------------------------------------------------------- likelihood
 
 
-def _group_pattern_log_likelihoods(models, group: GroupData, part_lengths, schedule, dtype, static_steps,
-                                   per_tree_models: bool) -> Float[Array, "parts B patterns"]:
-    """`log L_c` of one group's parts, `[K_g, B, P_g]`: ONE kernel call, vmapped over the group's parts.
+def group_kernel_arrays(models, group: GroupData, part_lengths, dtype, per_tree_models: bool = False):
+    """The kernels' input `(P, pi, w, tip codes, tip table)` of a group's parts, stacked `[K_g, ...]`.
 
-    `part_lengths[k]` are part `k`'s lengths in layout order `[B, ids]`.
+    `part_lengths[k]` are part `k`'s lengths in layout order `[B, ids]`; each
+    part's matrices come from its own model (`model_arrays`).
     """
-    from ..likelihood._api import _kernel, model_arrays
+    from ..likelihood._api import model_arrays
 
     own = [model_arrays(models[k], part_lengths[k], dtype, per_tree_models) for k in group.parts]
-    transition, pi, w = (jnp.stack(x) for x in zip(*own))
-    return jax.vmap(lambda *arrays: _kernel(arrays, schedule, static_steps))(
-        transition, pi, w, group.tip_codes, group.tip_table.astype(dtype))
+    return tuple(jnp.stack(x) for x in zip(*own)) + (jnp.asarray(group.tip_codes),
+                                                     jnp.asarray(group.tip_table).astype(dtype))
+
+
+def _group_pattern_log_likelihoods(models, group: GroupData, part_lengths, schedule, dtype, static_steps,
+                                   per_tree_models: bool) -> Float[Array, "parts B patterns"]:
+    """`log L_c` of one group's parts, `[K_g, B, P_g]`: ONE kernel call, vmapped over the group's parts."""
+    from ..likelihood._api import _kernel
+
+    arrays = group_kernel_arrays(models, group, part_lengths, dtype, per_tree_models)
+    return jax.vmap(lambda *arrays: _kernel(arrays, schedule, static_steps))(*arrays)
 
 
 @eqx.filter_jit
