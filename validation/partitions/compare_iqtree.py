@@ -1,0 +1,107 @@
+"""Partitioned ML beside IQ-TREE 2: fits on a fixed topology (-p, -q, -Q with -te) and a -p tree search.
+
+Data: the built-in example split in two genes (HKY+G4 on sites 1-300, GTR+F+I on 301-600), and a simulated
+two-gene set (10 taxa; HKY+G4 on 600 sites, JC at three times the rate on 600 more). Fits: `ml.fit` against
+`iqtree2 -p|-q|-Q FILE -te TREE`. Search: `ml.search` (BIONJ start, patience 4, batch 2; its time includes
+compilation: one call per process) against `iqtree2 -p FILE` (default search), both with one thread, in the
+same run. Writes results.json beside this script; takes a few minutes.
+
+    python validation/partitions/compare_iqtree.py
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+import jaxphylo as jp
+from jaxphylo import ml
+
+jax.config.update("jax_enable_x64", True)
+HERE = Path(__file__).resolve().parent
+LINKS = {"-p": "proportional", "-q": "equal", "-Q": "unlinked"}
+
+
+def write_partition(path: Path, models: str, cut: int, end: int) -> Path:
+    path.write_text(f"#nexus\nbegin sets;\ncharset g1 = 1-{cut};\ncharset g2 = {cut + 1}-{end};\n"
+                    f"charpartition m = {models};\nend;\n")
+    return path
+
+
+def simulated(folder: Path):
+    truth = jp.random_topology_tree([f"s{i}" for i in range(10)], seed=11, mean_branch_length=0.08)
+    truth = truth.with_branch_lengths(np.asarray(truth.branch_lengths) + 0.04)
+    first = jp.simulate(truth, jp.parse_model("HKY{3}+F{0.3,0.2,0.2,0.3}+G4{0.8}"), 600, seed=5)
+    second = jp.simulate(truth.with_branch_lengths(3 * np.asarray(truth.branch_lengths)), jp.parse_model("JC"), 600,
+                         seed=6)
+    path = folder / "genes.fasta"
+    path.write_text("".join(f">{t}\n{x}{y}\n" for t, x, y in zip(first.taxa, first.sequences, second.sequences)))
+    jp.write_tree(truth, folder / "truth.nwk")
+    return path, folder / "truth.nwk", write_partition(folder / "genes.nex", "HKY+G4:g1, JC:g2", 600, 1200)
+
+
+def iqtree(arguments: list[str], prefix: Path) -> tuple[float, float]:
+    """(log L of the tree, wall seconds) of one `iqtree2` run with one thread."""
+    start = time.perf_counter()
+    subprocess.run(["iqtree2", *arguments, "-pre", str(prefix), "-redo", "-quiet", "-nt", "1", "-seed", "1",
+                    "-keep-ident"], check=True, capture_output=True, timeout=3600)
+    seconds = time.perf_counter() - start
+    text = prefix.with_suffix(".iqtree").read_text()
+    return float(text.split("Log-likelihood of the tree:")[1].split()[0]), seconds
+
+
+def fits(name, alignment_path, tree_path, partition, folder) -> dict:
+    alignment, tree = jp.read_alignment(alignment_path), jp.read_tree(tree_path)
+    rows = {}
+    for flag, link in LINKS.items():
+        theirs, their_seconds = iqtree(["-s", str(alignment_path), flag, str(partition), "-te", str(tree_path)],
+                                       folder / f"{name}{flag[1]}")
+        start = time.perf_counter()
+        ours = ml.fit(alignment, tree, jp.partitioned_model(jp.read_partitions(partition), alignment, link=link))
+        rows[flag] = {"ours": round(ours.log_likelihood, 4), "iqtree": theirs,
+                      "ours_minus_iqtree": round(ours.log_likelihood - theirs, 4),
+                      "ours_seconds": round(time.perf_counter() - start, 2), "iqtree_seconds": round(their_seconds, 2)}
+        print(name, flag, rows[flag], flush=True)
+    return rows
+
+
+def search(alignment_path, truth_path, partition, folder) -> dict:
+    alignment, truth = jp.read_alignment(alignment_path), jp.read_tree(truth_path)
+    start = time.perf_counter()
+    ours = ml.search(alignment, jp.partitioned_model(jp.read_partitions(partition), alignment),
+                     settings=ml.SearchSettings(patience=4, batch=2), seed=1)
+    seconds = time.perf_counter() - start
+    theirs, their_seconds = iqtree(["-s", str(alignment_path), "-p", str(partition)], folder / "search")
+    their_tree = jp.read_tree(folder / "search.treefile")
+    return {"ours": {"log_likelihood": round(ours.log_likelihood, 4), "seconds": round(seconds, 2),
+                     "rf_to_truth": ml.robinson_foulds(ours.tree, truth), "part_rates": ours.parameters["part_rates"]},
+            "iqtree": {"log_likelihood": theirs, "seconds": round(their_seconds, 2),
+                       "rf_to_truth": ml.robinson_foulds(their_tree, truth)},
+            "seconds_ratio_ours_over_iqtree": round(seconds / their_seconds, 2)}
+
+
+def main() -> None:
+    version = subprocess.run(["iqtree2", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    results = {"machine": {"platform": platform.platform(), "jax_backend": jax.default_backend(),
+                           "device": str(jax.devices()[0]), "iqtree": version}}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        example_alignment, example_tree = jp.example_paths()
+        example = write_partition(folder / "example.nex", "HKY+G4:g1, GTR+F+I:g2", 300, 600)
+        results["fits_example"] = fits("example", example_alignment, example_tree, example, folder)
+        alignment, truth, partition = simulated(folder)
+        results["fits_simulated"] = fits("simulated", alignment, truth, partition, folder)
+        results["search_simulated"] = search(alignment, truth, partition, folder)
+    print(json.dumps(results["search_simulated"], indent=1))
+    (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
