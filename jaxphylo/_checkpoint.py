@@ -68,11 +68,16 @@ class StopRequests:
 
     `reason` is None while the run should go on. Handlers are installed only in
     the main thread and restored on exit; a second SIGINT raises KeyboardInterrupt.
+    With `ignore_after=True`, a block that ends without an exception (the run
+    finished and wrote everything) ignores SIGTERM and SIGUSR1 from then on
+    instead: one that arrives while the process exits (a Slurm signal just too
+    late) must not turn a finished run into a killed one (exit 143).
     """
 
-    def __init__(self, max_seconds: float | None = None):
+    def __init__(self, max_seconds: float | None = None, ignore_after: bool = False):
         self.deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self.max_seconds = max_seconds
+        self.ignore_after = ignore_after
         self._signal = None
         self._previous = {}
 
@@ -84,9 +89,10 @@ class StopRequests:
             self._previous = {}
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
+        finished = self.ignore_after and exc_type is None
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if finished and sig != signal.SIGINT else handler)
         return False
 
     def _handle(self, number, frame):

@@ -487,7 +487,7 @@ def main(argv=None) -> int:
         # Signals are caught from the start, so a kill announced during start-up or compilation
         # is answered at the first iteration, saved, instead of losing the process.
         long_run = hasattr(args, "max_time")
-        with StopRequests(parse_duration(args.max_time)) if long_run else nullcontext(NEVER) as args.stop:
+        with StopRequests(parse_duration(args.max_time), ignore_after=True) if long_run else nullcontext(NEVER) as args.stop:
             args.run(args)
     except Interrupted as err:
         print(f"jaxphylo: stopped: {err}", file=sys.stderr)

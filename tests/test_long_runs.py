@@ -28,6 +28,17 @@ def test_signals_and_budgets_raise_the_flag():
     with StopRequests(0.0) as stop:
         assert "--max-time" in stop.reason
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+    try:  # a finished long run (the CLI's) ignores a SIGTERM that arrives while it exits; an interrupted one not
+        with StopRequests(ignore_after=True):
+            pass
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(RuntimeError), StopRequests(ignore_after=True):
+            raise RuntimeError("interrupted")
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # what it found, restored
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def test_checkpoints_are_atomic_checksummed_and_tied_to_settings(tmp_path):
