@@ -173,9 +173,6 @@ def _ml(args) -> None:
         raise JaxphyloError("give --tree (a start for the search) or -te (a fixed topology), not both")
     fixed = jp.read_tree(args.te) if args.te else None
     start = jp.read_tree(args.tree) if args.tree else fixed
-    if partitions and partitions[1] == "unlinked" and fixed is None:
-        raise JaxphyloError("-Q gives every part its own branch lengths, fitted on a fixed topology: add -te TREE "
-                            "(a search links them: -p or -q)")
     if args.bootstrap and fixed is not None:
         raise JaxphyloError("--bootstrap searches a tree per replicate; it does not combine with -te")
     selecting = args.model.upper() in ("MF", "MFP")
@@ -428,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--tree", "-t", help="start tree (Newick/NEXUS; default: BIONJ)")
     ml.add_argument("-te", metavar="TREE", help="fit the model and branch lengths on this topology, no search "
                                                 "(IQ-TREE's -te)")
-    add_partition_options(ml, "partitions with unlinked branch lengths (each part its own; needs -te)")
+    add_partition_options(ml, "partitions with unlinked branch lengths (each part its own; PREFIX.parttrees)")
     ml.add_argument("--starts", type=int, default=1, help="start trees (extra ones: BIONJ of resampled columns)")
     ml.add_argument("--bootstrap", "-b", type=int, default=0, help="non-parametric bootstrap replicates")
     ml.add_argument("--alrt", type=int, default=0, help="SH-aLRT RELL replicates (IQ-TREE: 1000)")

@@ -72,7 +72,8 @@ def test_partitioned_fit_reaches_iqtree_in_every_link_mode(tmp_path):
 
 def test_partitioned_nni_scores_and_newton_derivatives_are_exact(tmp_path):
     """Summed over parts of two groups (4 and 1 categories), each NNI's gain with its fitted central branch is
-    the change of the whole partitioned log L, per pattern too; Newton's derivatives equal finite differences."""
+    the change of the whole partitioned log L, per pattern too; Newton's derivatives equal finite differences.
+    With linked lengths (one central branch, `r_k t` in part k) and unlinked ones (each part's own)."""
     alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(9)], seed=4), jp.parse_model("JC"),
                             300, seed=2)
     scheme = read_partitions(write(tmp_path / "p.nex", "#nexus\nbegin sets;\ncharset a = 1-100;\n"
@@ -84,7 +85,7 @@ def test_partitioned_nni_scores_and_newton_derivatives_are_exact(tmp_path):
     data = partitioned_data(alignment, trees, model)
     weights = jnp.broadcast_to(data.weights, (2, data.weights.shape[0]))
 
-    def log_l(parents, lengths):
+    def log_l(parents, lengths, model=model):
         per = _batch_pattern_log_likelihoods(model, parents, lengths, data, phase_widths(9), jnp.float64)
         return jnp.sum(weights * per, axis=-1)
 
@@ -111,6 +112,26 @@ def test_partitioned_nni_scores_and_newton_derivatives_are_exact(tmp_path):
         up, down = log_l(trees.parents, trees.branch_lengths + step), log_l(trees.parents, trees.branch_lengths - step)
         np.testing.assert_allclose(first[:, node], (up - down) / (2 * h), rtol=1e-5)  # O(h^2) truncation
         np.testing.assert_allclose(second[:, node], (up - 2 * now + down) / h**2, rtol=1e-3)
+    # Unlinked (-Q): every part its own lengths [B, M, K], its own central branch and its own Newton slopes.
+    model = jp.partitioned_model(scheme, alignment, link="unlinked")
+    lengths = trees.branch_lengths[..., None] * jnp.asarray([0.5, 1.5, 3.0])
+    now = log_l(trees.parents, lengths, model)
+    tree, with_lengths = ml._search.searched_result(trees.parents[0], lengths[0], trees.taxa, model)
+    assert float(now[0]) == pytest.approx(float(jp.log_likelihood(alignment, tree, with_lengths)), abs=1e-8)
+    scores = nni_scores(trees.parents, lengths, model, data, weights, phase_widths(9), jnp.float64, True)
+    assert scores.lengths.shape == (2, edges, 2, 3)
+    for k in np.flatnonzero(np.asarray(scores.valid[0]))[:3]:
+        chosen = jnp.zeros((2, edges), bool).at[:, k].set(scores.valid[:, k])
+        after = log_l(*apply_nnis(trees.parents, lengths, scores, chosen, jnp.ones((2, edges), int)), model)
+        np.testing.assert_allclose(after - now, np.where(scores.valid[:, k], scores.gains[:, k, 1], 0), atol=1e-8)
+        per_pattern = jnp.sum(weights * scores.pattern_gains[:, k, 1], axis=-1)
+        np.testing.assert_allclose(np.where(scores.valid[:, k], per_pattern, 0), after - now, atol=1e-8)
+    first, _, value = node_branch_derivatives(trees.parents, lengths, model, data, weights, phase_widths(9),
+                                              jnp.float64)
+    np.testing.assert_allclose(value, now, atol=1e-8)
+    step = jnp.zeros_like(lengths).at[:, 11, 2].set(h)
+    up, down = log_l(trees.parents, lengths + step, model), log_l(trees.parents, lengths - step, model)
+    np.testing.assert_allclose(first[:, 11, 2], (up - down) / (2 * h), rtol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +150,8 @@ def genes(tmp_path_factory):
 
 def test_partitioned_search_bootstrap_and_alrt(genes, tmp_path):
     """`jaxphylo ml ALN -p FILE`: the true tree, the rate ratio, supports; bootstrap replicates resample within
-    parts; -Q without -te is refused in one line. (NNI only: SPR scores candidates by the same batched
-    likelihood, which the test above checks.)"""
+    parts; a -Q search finds the tree with every part's lengths. (NNI only: SPR scores candidates by the same
+    batched likelihood, which the test above checks.)"""
     truth, alignment_path, partition = genes
     run = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "ml", str(alignment_path), "-m", "HKY+G4", "-p",
                           str(partition), "--patience", "1", "--batch", "2", "--radius", "0", "--bootstrap", "2",
@@ -149,9 +170,17 @@ def test_partitioned_search_bootstrap_and_alrt(genes, tmp_path):
     counts = resampling.counts(resampling.draw(4, seed=3))
     parts = partitioned_data(alignment, truth, model).part_of_pattern
     assert [set(counts[:, parts == k].sum(axis=1)) for k in (0, 1)] == [{500}, {500}]
-    bad = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "ml", str(alignment_path), "-m", "HKY", "-Q",
-                          str(partition)], capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "-te" in bad.stderr
+    # -Q: every part its own lengths through the search (Newton steps, the GPU's default) and SH-aLRT.
+    unlinked = jp.partitioned_model(read_partitions(partition), alignment, default_model="HKY+G4", link="unlinked")
+    result = ml.search(alignment, unlinked, settings=ml.SearchSettings(patience=1, batch=2, radius=0,
+                                                                       lengths_method="newton"))
+    assert ml.robinson_foulds(result.tree, truth) == 0 and result.model.branch_lengths.shape == (2, 14)
+    assert result.log_likelihood == pytest.approx(float(jp.log_likelihood(alignment, result.tree, result.model)),
+                                                  abs=1e-6)
+    assert result.log_likelihood >= summary["log_likelihood"] - 1e-3  # -Q nests -p
+    lengths = np.asarray(result.model.branch_lengths)
+    assert lengths[1].sum() / lengths[0].sum() == pytest.approx(3.0, rel=0.25)
+    assert set(ml.sh_alrt(alignment, result, replicates=100).values()) == {100.0}
 
 
 def test_partitioned_sample_and_mcmc(genes, tmp_path):

@@ -15,60 +15,70 @@ from __future__ import annotations
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .._schedule import device_schedule
 from ..likelihood._api import _batch_pattern_log_likelihoods, batch_layout_lengths
 from ..likelihood._derivatives import derivatives_from_arrays, layout_branch_derivatives
 from ..models import PartitionedModel
-from ..models._partitioned import group_kernel_arrays
+from ..models._partitioned import group_kernel_arrays, part_layout_lengths
 from ._parameters import MAX_LENGTH, MIN_LENGTH
+from ._rooting import mask_like
 
 FRACTIONS = (1.0, 0.5, 0.25, 0.0)
 
 
-def node_branch_derivatives(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], model, data,
+def node_branch_derivatives(parents: Int[Array, "B M"], lengths: Float[Array, "B M *K"], model, data,
                             weights: Float[Array, "B P"], widths, dtype):
-    """`(f' [B, M], f'' [B, M], log L [B])` for the branch above every kernel node."""
+    """`(f' [B, M], f'' [B, M], log L [B])` for the branch above every kernel node (`[B, M, K]`, each part's
+    own, for unlinked lengths `[B, M, K]`)."""
     schedule = device_schedule(parents, widths)
-    layout = batch_layout_lengths(lengths, schedule)
     if isinstance(model, PartitionedModel):
-        first, second, log_l = _part_derivatives(model, layout, data, weights, schedule, dtype)
+        first, second, log_l = _part_derivatives(model, lengths, data, weights, schedule, dtype)
     else:
+        layout = batch_layout_lengths(lengths, schedule)
         first, second, log_l = layout_branch_derivatives(model, layout, data, weights, schedule, dtype)
     batch, m = parents.shape
     rows = jnp.arange(batch)[:, None]
-    to_nodes = lambda per_id: jnp.zeros((batch, m + 1), per_id.dtype).at[rows, schedule.layout].add(per_id)[:, :m]
+    to_nodes = lambda per_id: jnp.zeros((batch, m + 1) + per_id.shape[2:], per_id.dtype).at[  # noqa: E731
+        rows, schedule.layout].add(per_id)[:, :m]
     return to_nodes(first), to_nodes(second), log_l
 
 
-def _part_derivatives(model: PartitionedModel, layout: Float[Array, "B ids"], data, weights: Float[Array, "B P"],
+def _part_derivatives(model: PartitionedModel, lengths: Float[Array, "B M *K"], data, weights: Float[Array, "B P"],
                       schedule, dtype):
-    """Linked lengths `t_k = r_k t`: `f' = sum_k r_k f_k'`, `f'' = sum_k r_k^2 f_k''`, one pass per group
-    (vmapped over its parts, as the likelihood is)."""
-    rates, totals = model.normalised_rates(), []
-    part_layout = {k: rates[k] * layout for k in range(model.num_parts)}
+    """One derivative pass per group, vmapped over its parts, as the likelihood is. Linked lengths
+    `t_k = r_k t`: `f' = sum_k r_k f_k'`, `f'' = sum_k r_k^2 f_k''` (`[B, ids]`); unlinked: every part's
+    own `f_k'`, `f_k''` (`[B, ids, K]`)."""
+    unlinked = lengths.ndim == 3
+    rates, part_layout = model.normalised_rates(), part_layout_lengths(model, lengths, schedule)
+    first, second, log_l = [None] * model.num_parts, [None] * model.num_parts, 0.0
     for group, part_weights in zip(data.groups, data.group_weights(weights)):
         members = [model.models[k] for k in group.parts]
         q = jnp.stack([m.substitution.rate_matrix() for m in members])
         category_rates = jnp.stack([m.rate_categories()[0] for m in members])
-        first, second, log_l = jax.vmap(lambda a, q, c, w: derivatives_from_arrays(a, q, c, w, schedule, dtype))(
+        d1, d2, ll = jax.vmap(lambda a, q, c, w: derivatives_from_arrays(a, q, c, w, schedule, dtype))(
             group_kernel_arrays(model.models, group, part_layout, dtype), q, category_rates, part_weights)
-        r = jnp.asarray(rates)[np.asarray(group.parts)][:, None, None]
-        totals.append((jnp.sum(r * first, 0), jnp.sum(r**2 * second, 0), jnp.sum(log_l, 0)))
-    return tuple(sum(x) for x in zip(*totals))
+        for j, k in enumerate(group.parts):
+            r = 1.0 if unlinked else rates[k]
+            first[k], second[k] = r * d1[j], r**2 * d2[j]
+        log_l = log_l + jnp.sum(ll, 0)
+    if unlinked:
+        return jnp.stack(first, -1), jnp.stack(second, -1), log_l
+    return sum(first), sum(second), log_l
 
 
 @eqx.filter_jit
-def newton_lengths(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], fixed: Bool[Array, "B M"], problem,
+def newton_lengths(parents: Int[Array, "B M"], lengths: Float[Array, "B M *K"], fixed: Bool[Array, "B M"], problem,
                    tolerance: float, max_sweeps: int = 50):
-    """Optimised lengths and log L of every tree, and the sweeps taken."""
+    """Optimised lengths and log L of every tree, and the sweeps taken (unlinked lengths `[B, M, K]`: every
+    part's branch its own Newton step, the step fractions tried per tree)."""
     batch = parents.shape[0]
 
     def log_likelihoods(candidates):
         k = len(FRACTIONS)
-        per = _batch_pattern_log_likelihoods(problem.model, jnp.tile(parents, (k, 1)), candidates.reshape(k * batch, -1),
+        per = _batch_pattern_log_likelihoods(problem.model, jnp.tile(parents, (k, 1)),
+                                             candidates.reshape((k * batch,) + lengths.shape[1:]),
                                              problem.data, problem.widths, problem.dtype)
         return jnp.sum(jnp.tile(problem.weights, (k, 1)) * per, axis=-1).reshape(k, batch)
 
@@ -78,12 +88,12 @@ def newton_lengths(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], fix
                                               problem.widths, problem.dtype)
         newton = lengths - d1 / jnp.where(d2 < 0, d2, -1.0)
         target = jnp.where(d2 < 0, newton, jnp.where(d1 > 0, 2 * lengths, 0.5 * lengths))
-        target = jnp.where(fixed, lengths, jnp.clip(target, MIN_LENGTH, MAX_LENGTH))
-        fractions = jnp.asarray(FRACTIONS, lengths.dtype)[:, None, None]
+        target = jnp.where(mask_like(fixed, lengths), lengths, jnp.clip(target, MIN_LENGTH, MAX_LENGTH))
+        fractions = jnp.asarray(FRACTIONS, lengths.dtype).reshape((-1,) + (1,) * lengths.ndim)
         candidates = lengths + fractions * (target - lengths)
         values = log_likelihoods(candidates)
         best = jnp.argmax(values, axis=0)
-        new = jnp.take_along_axis(candidates, best[None, :, None], axis=0)[0]
+        new = jnp.take_along_axis(candidates, best.reshape((1, batch) + (1,) * (lengths.ndim - 1)), axis=0)[0]
         value = jnp.max(values, axis=0)
         return new, value, value - now, k + 1
 

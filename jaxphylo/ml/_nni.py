@@ -34,8 +34,9 @@ from ..likelihood._api import batch_layout_lengths, kernel_arrays
 from ..likelihood._peeling import apply_transition, child_partials, post_order_partials
 from ..likelihood._preorder import pre_order_partials
 from ..models import PartitionedModel
-from ..models._partitioned import group_kernel_arrays
+from ..models._partitioned import group_kernel_arrays, part_layout_lengths
 from ._parameters import MAX_LENGTH, MIN_LENGTH
+from ._rooting import mask_like
 
 NEWTON_STEPS = 10
 CHUNK_BYTES = 1 << 28  # per chunk of edges scored together
@@ -115,28 +116,36 @@ class PartSource(eqx.Module):
     partials: TreePartials
     eigen: EigenSystem
     weights: Float[Array, "parts B P"]
+    parts: tuple[int, ...] = eqx.field(static=True, default=(0,))  # the model's part indices, in this order
 
 
-def part_sources(parents, lengths, model, data, weights: Float[Array, "B P"], widths, dtype) -> list[PartSource]:
+def part_sources(parents, lengths: Float[Array, "B M *K"], model, data, weights: Float[Array, "B P"], widths,
+                 dtype) -> list[PartSource]:
     schedule = device_schedule(parents, widths)
     build = jax.vmap(lambda *arrays: TreePartials.build(arrays, schedule, parents))
     if not isinstance(model, PartitionedModel):
         arrays = kernel_arrays(model, batch_layout_lengths(lengths, schedule), data, dtype)
         return [PartSource(build(*(x[None] for x in arrays)), jax.tree.map(lambda x: x[None], eigen_system(model)),
                            weights[None])]
-    rates, sources = model.normalised_rates(), []
-    layout = {k: batch_layout_lengths(rates[k] * lengths, schedule) for k in range(model.num_parts)}
+    rates, layout, sources = model.normalised_rates(), part_layout_lengths(model, lengths, schedule), []
     for group, part_weights in zip(data.groups, data.group_weights(weights)):
         eigen = jax.tree.map(lambda *x: jnp.stack(x), *[eigen_system(model.models[k], rates[k]) for k in group.parts])
         sources.append(PartSource(build(*group_kernel_arrays(model.models, group, layout, dtype)), eigen,
-                                  part_weights))
+                                  part_weights, tuple(group.parts)))
     return sources
 
 
+def _per_part(terms, t, how):
+    """`how(g, exponents, weights, t)` of every part of every group in `terms` (`(g, e, w)` per group), `t`
+    shared by all parts, or (a list, one `[K_g, ...]` per group) each part's own: `[K_g, ...]` per group."""
+    if isinstance(t, list):
+        return [jax.vmap(how)(g, e, w, t_g) for (g, e, w), t_g in zip(terms, t)]
+    return [jax.vmap(how, in_axes=(0, 0, 0, None))(g, e, w, t) for g, e, w in terms]
+
+
 def _summed(terms, t, how):
-    """`how(g, exponents, weights, t)` summed over every part of every group in `terms` (`(g, e, w)` per group)."""
-    totals = [jax.vmap(how, in_axes=(0, 0, 0, None))(g, e, w, t) for g, e, w in terms]
-    return jax.tree.map(lambda *x: sum(jnp.sum(y, axis=0) for y in x), *totals)
+    """`_per_part`, summed over every part."""
+    return jax.tree.map(lambda *x: sum(jnp.sum(y, axis=0) for y in x), *_per_part(terms, t, how))
 
 
 def branch_value_and_slopes(g: Float[Array, "*K C P S"], exponents: Float[Array, "C S"],
@@ -152,7 +161,7 @@ def branch_value_and_slopes(g: Float[Array, "*K C P S"], exponents: Float[Array,
 
 def branch_newton(terms, t0: Float[Array, "*K"]):
     """Maximise `f(t)`, summed over `terms` (`_summed` of `branch_value_and_slopes`), over `t` in [1e-6, 10]
-    from `t0`: `(best t, f(best t))`.
+    from `t0`: `(best t, f(best t))`. Linked lengths: one `t` for every part.
 
     Safeguarded Newton: where `f''` is not negative the step doubles or halves
     `t` in the direction of `f'`; the best point seen is returned.
@@ -173,23 +182,32 @@ def branch_newton(terms, t0: Float[Array, "*K"]):
     return jnp.where(f > best_f, t, best_t), jnp.maximum(f, best_f)
 
 
+def part_branch_newton(terms, t0: list):
+    """Unlinked lengths: every part's own `t` maximises its own `f_k`, from `t0` (one `[K_g, ...]` per group):
+    `(best t per group, summed f(best t))`. The parts share only the topology, so their maxima add."""
+    one = lambda g, e, w, t: branch_newton([(g[None], e[None], w[None])], t)  # noqa: E731
+    fitted = [jax.vmap(one)(g, e, w, t) for (g, e, w), t in zip(terms, t0)]
+    return [t for t, _ in fitted], sum(jnp.sum(f, 0) for _, f in fitted)
+
+
 class NNIScores(eqx.Module):
     """Per internal node `v` of each tree: its edge's nodes, and gains and fitted lengths of both swaps."""
 
-    nodes: Int[Array, "B K 5"]  # v, u, s, a, b
-    gains: Float[Array, "B K 2"]  # log L after swap a<->s, b<->s (central branch fitted), minus log L now
-    lengths: Float[Array, "B K 2"]
-    valid: Bool[Array, "B K"]
-    pattern_gains: Float[Array, "B K 2 P"] | None = None  # per pattern, with `per_pattern=True`
+    nodes: Int[Array, "B E 5"]  # v, u, s, a, b
+    gains: Float[Array, "B E 2"]  # log L after swap a<->s, b<->s (central branch fitted), minus log L now
+    lengths: Float[Array, "B E 2 *K"]  # the fitted central branch (each part's, for unlinked lengths)
+    valid: Bool[Array, "B E"]
+    pattern_gains: Float[Array, "B E 2 P"] | None = None  # per pattern, with `per_pattern=True`
 
 
-def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], model, data, weights: Float[Array, "B P"],
-               widths, dtype, per_pattern: bool = False) -> NNIScores:
+def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M *K"], model, data,
+               weights: Float[Array, "B P"], widths, dtype, per_pattern: bool = False) -> NNIScores:
     """Score both NNIs of every internal edge of every tree in one pass over the partials.
 
     `per_pattern` also returns `log L_c` after each swap minus `log L_c` now, per pattern (for SH-aLRT).
     A `PartitionedModel` (with `PartitionedData`) scores every part and sums:
-    the central branch is the tree's, each part's `r_k t` (`part_sources`).
+    with linked lengths the central branch is the tree's, each part's `r_k t`
+    (`part_sources`); with unlinked ones (`[B, M, K]`) every part fits its own.
     """
     batch, m = parents.shape
     n = (m + 1) // 2
@@ -204,7 +222,8 @@ def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], model, 
     at_u = jnp.take_along_axis(kids, u[..., None], axis=1)
     s = jnp.where(at_u[..., 0] == v, at_u[..., 1], at_u[..., 0])
     a, b, s = (jnp.where(valid, x, 0) for x in (a, b, s))
-    lengths_v = jnp.take_along_axis(lengths, v, axis=1)
+    lengths_v = jnp.take_along_axis(lengths, mask_like(v, lengths), axis=1)  # [B, E] or [B, E, K]
+    unlinked = lengths.ndim == 3
 
     def coefficients(partials: TreePartials, eigen: EigenSystem, u_, s_, a_, b_):
         """`(g [B, E, 3, C, P, S], exponents)` of the current arrangement and both swaps, for one part."""
@@ -216,15 +235,23 @@ def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], model, 
 
     def score(edges):
         """Fitted lengths, gains (and per-pattern gains) of one chunk of edges `[B, E]`."""
-        u_, s_, a_, b_, t_now = (jnp.take_along_axis(x, edges, axis=1) for x in (u, s, a, b, lengths_v))
+        u_, s_, a_, b_, t_now = (jnp.take_along_axis(x, mask_like(edges, x), axis=1) for x in (u, s, a, b, lengths_v))
         terms = []
         for source in sources:
             g, exponents = jax.vmap(coefficients, in_axes=(0, 0, None, None, None, None))(
                 source.partials, source.eigen, u_, s_, a_, b_)
             terms.append((g, exponents, source.weights[:, :, None, None, :].astype(g.dtype)))
-        t0 = jnp.broadcast_to(t_now[..., None], t_now.shape + (3,))
-        t, f = branch_newton([(g[:, :, :, 1:], e, w) for g, e, w in terms], t0[:, :, 1:])
-        now, _, _ = _summed([(g[:, :, :, :1], e, w) for g, e, w in terms], t0[:, :, :1], branch_value_and_slopes)
+        swaps, current = [(g[:, :, :, 1:], e, w) for g, e, w in terms], [(g[:, :, :, :1], e, w) for g, e, w in terms]
+        if unlinked:  # every part its own t: `[K_g, B, E, arrangements]` per group
+            t0 = [jnp.broadcast_to(_part_rows(t_now, source)[..., None], (len(source.parts),) + t_now.shape[:2] + (3,))
+                  for source in sources]
+            t_swaps, f = part_branch_newton(swaps, [x[..., 1:] for x in t0])
+            t0_now, t = [x[..., :1] for x in t0], _parts_last(t_swaps, sources)
+        else:
+            t0 = jnp.broadcast_to(t_now[..., None], t_now.shape + (3,))
+            t, f = branch_newton(swaps, t0[:, :, 1:])
+            t0_now, t_swaps = t0[:, :, :1], t
+        now, _, _ = _summed(current, t0_now, branch_value_and_slopes)
         if not per_pattern:
             return t, f - now, None
 
@@ -232,8 +259,9 @@ def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], model, 
             n = jnp.einsum("...cpk,...ck->...p", g, jnp.exp(exponents * t[..., None, None]), precision=product_precision())
             return jnp.log(jnp.maximum(n, 1e-300))
 
-        gains = [jax.vmap(lambda g, e: log_n(g[:, :, 1:], e, t) - log_n(g[:, :, :1], e, t0[:, :, :1]))(g, e)
-                 for g, e, _ in terms]  # [K_g, B, E, 2, P] each: parts side by side, as the weights
+        gains = _per_part(terms, t_swaps, lambda g, e, w, t: log_n(g[:, :, 1:], e, t))
+        before = _per_part(terms, t0_now, lambda g, e, w, t: log_n(g[:, :, :1], e, t))
+        gains = [x - y for x, y in zip(gains, before)]  # [K_g, B, E, 2, P] each: parts side by side, as the weights
         return t, f - now, jnp.concatenate([jnp.moveaxis(x, 0, -2).reshape(x.shape[1:-1] + (-1,)) for x in gains], -1)
 
     # Edges in chunks, so that the `[K_g, B, E, 3, C, P, S]` coefficients stay near `CHUNK_BYTES`.
@@ -248,6 +276,17 @@ def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], model, 
     t, gains, pattern_gains = merge(t), merge(gains), merge(pattern_gains)
     return NNIScores(jnp.stack([v, u, s, a, b], axis=-1), jnp.where(valid[..., None], gains, -jnp.inf), t,
                      valid, pattern_gains)
+
+
+def _part_rows(x: Float[Array, "B E K"], source: PartSource) -> Float[Array, "K_g B E"]:
+    """A group's parts of per-part values, part axis first."""
+    return jnp.moveaxis(x[..., list(source.parts)], -1, 0)
+
+
+def _parts_last(per_group: list, sources: list[PartSource]) -> Float[Array, "B E two K"]:
+    """Per-group values `[K_g, ...]` back to one array with the model's parts last, in order."""
+    rows = {k: x[j] for source, x in zip(sources, per_group) for j, k in enumerate(source.parts)}
+    return jnp.stack([rows[k] for k in sorted(rows)], -1)
 
 
 def independent_moves(priority: Float[Array, "B K"], nodes: Int[Array, "B K J"], num_nodes: int) -> Bool[Array, "B K"]:
@@ -276,6 +315,6 @@ def apply_nnis(parents, lengths, scores: NNIScores, chosen: Bool[Array, "B K"], 
     rows = jnp.arange(batch)[:, None]
     drop = lambda nodes: jnp.where(chosen, nodes, m)
     parents = parents.at[rows, drop(x)].set(u, mode="drop").at[rows, drop(s)].set(v, mode="drop")
-    fitted = jnp.take_along_axis(scores.lengths, which[..., None], axis=2)[..., 0]
-    lengths = lengths.at[rows, drop(v)].set(fitted, mode="drop")
+    fitted = jnp.take_along_axis(scores.lengths, mask_like(which[..., None], scores.lengths), axis=2)[:, :, 0]
+    lengths = lengths.at[rows, drop(v)].set(fitted, mode="drop")  # [B, E] or, unlinked, [B, E, K]
     return parents, lengths

@@ -15,7 +15,8 @@ import numpy as np
 
 
 def unrooted(parent: np.ndarray, lengths: np.ndarray) -> tuple[list[dict[int, float]], int]:
-    """The unrooted tree of a kernel tree as adjacency dicts (the root merged away), and the root's id."""
+    """The unrooted tree of a kernel tree as adjacency dicts (the root merged away), and the root's id.
+    Lengths `[M]`, or `[M, K]` (every part's, unlinked): a length is then a `[K]` row."""
     parent, lengths = np.asarray(parent), np.asarray(lengths, float)
     root = int(np.flatnonzero(parent < 0)[0])
     neighbours: list[dict[int, float]] = [dict() for _ in range(len(parent))]
@@ -31,7 +32,7 @@ def rooted_on_first_tip(neighbours: list[dict[int, float]], root: int) -> tuple[
     """Kernel `(parent, lengths)` of an unrooted adjacency, rooted on tip 0's branch at node id `root`."""
     m = len(neighbours)
     w = next(iter(neighbours[0]))
-    parent, lengths = np.full(m, -1, np.int32), np.zeros(m)
+    parent, lengths = np.full(m, -1, np.int32), np.zeros((m,) + np.shape(neighbours[0][w]))  # [M] or [M, K]
     parent[0], parent[w], lengths[0] = root, root, neighbours[0][w]
     stack = [(w, 0)]
     while stack:
@@ -53,3 +54,8 @@ def fixed_branches(parent):
     root = jnp.argmin(parent, axis=-1)
     node = jnp.arange(parent.shape[-1])
     return (node == root[..., None]) | ((parent == root[..., None]) & (node != 0))
+
+
+def mask_like(mask, lengths):
+    """A per-node mask `[..., M]` broadcastable against lengths `[..., M]` or unlinked ones `[..., M, K]`."""
+    return mask.reshape(mask.shape + (1,) * (lengths.ndim - mask.ndim))

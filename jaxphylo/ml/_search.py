@@ -16,8 +16,11 @@ nothing better (IQ-TREE: 100, one at a time).
 All shapes are fixed by `N`, the pattern count and the batch size, so a whole
 search compiles a fixed handful of programs, whatever the number of moves.
 
-A partitioned model (`-p`, `-q`) searches one tree whose lengths every part
-scales by its rate: scores, Newton steps and fits sum over the parts.
+A partitioned model searches one topology. With linked lengths (`-p`, `-q`)
+the trees carry one set of lengths that every part scales by its rate, and
+scores, Newton steps and fits sum over the parts; with unlinked ones (`-Q`)
+they carry every part's own, `branch_lengths [B, M, K]`, and each part fits
+its own branch (NNI central branches, Newton steps), the gains summed.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import numpy as np
 from .._alignment import Alignment
 from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._distances import distances
-from .._errors import InputError, ModelError
+from .._errors import InputError
 from .._neighbor_joining import bionj
 from .._parsimony import parsimony_tree
 from .._schedule import phase_widths
@@ -50,7 +53,7 @@ from ._newton import newton_lengths
 from ._nni import apply_nnis, independent_moves, nni_scores
 from ._optimise import minimise
 from ._parameters import ModelCoordinates, lengths_from_unconstrained, lengths_to_unconstrained
-from ._rooting import fixed_branches, root_on_first_tip
+from ._rooting import fixed_branches, mask_like, root_on_first_tip
 from ._spr import spr_candidates
 from ._support import _kernel_splits
 
@@ -98,7 +101,7 @@ class Problem(eqx.Module):
 
 
 def _lengths_objective(u, parents, fixed, problem: Problem):
-    lengths = jnp.where(fixed, 0.0, lengths_from_unconstrained(u))
+    lengths = jnp.where(mask_like(fixed, u), 0.0, lengths_from_unconstrained(u))
     per = _batch_pattern_log_likelihoods(problem.model, parents, lengths, problem.data, problem.widths, problem.dtype)
     return -jnp.sum(problem.weights * per)
 
@@ -115,7 +118,7 @@ def optimise_model_and_lengths(parents, lengths, fixed, coordinates: ModelCoordi
                      (parents, fixed, coordinates, problem), "lbfgs", tolerance, 2000) for start in coordinates.starts()]
     params, _, iterations = min(fits, key=lambda result: float(result[1]))
     model = coordinates.model(params["model"])
-    lengths = jnp.where(fixed, 0.0, lengths_from_unconstrained(params["lengths"]))
+    lengths = jnp.where(mask_like(fixed, lengths), 0.0, lengths_from_unconstrained(params["lengths"]))
     problem = eqx.tree_at(lambda p: p.model, problem, model)
     return model, lengths, tree_log_likelihoods(parents, lengths, problem), coordinates.named_values(params["model"]), \
         int(iterations)
@@ -153,7 +156,7 @@ def lbfgs_lengths(parents, lengths, fixed, problem: Problem, tolerance: float, m
         alone = eqx.tree_at(lambda p: p.weights, problem, weights[None])
         u, value, _ = minimise(_lengths_objective, lengths_to_unconstrained(length[None]),
                                (parent[None], fixed[None], alone), "lbfgs", tolerance, max_iterations)
-        return jnp.where(fixed, 0.0, lengths_from_unconstrained(u[0])), -value
+        return jnp.where(mask_like(fixed, length), 0.0, lengths_from_unconstrained(u[0])), -value
 
     return jax.vmap(one_tree)(parents, lengths, fixed, problem.weights)
 
@@ -204,7 +207,8 @@ def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilo
     improved = jnp.max(options, axis=0) > log_likelihoods + epsilon
     pick = jnp.where(improved, jnp.argmax(options, axis=0), 0)[None, :, None]
     parents = jnp.take_along_axis(jnp.stack([parents, all_p, one_p]), pick, axis=0)[0]
-    lengths = jnp.take_along_axis(jnp.stack([lengths, candidates_l[:b], candidates_l[b:]]), pick, axis=0)[0]
+    lengths = jnp.stack([lengths, candidates_l[:b], candidates_l[b:]])
+    lengths = jnp.take_along_axis(lengths, mask_like(pick, lengths), axis=0)[0]
     log_likelihoods = jnp.where(improved, jnp.max(options, axis=0), log_likelihoods)
     return parents, lengths, log_likelihoods, True, bool(jnp.any(improved))
 
@@ -358,16 +362,45 @@ def _check_start(alignment: Alignment, tree: Tree) -> None:
 
 
 def search_data(alignment: Alignment, trees: TreeBatch, model):
-    """Pattern data laid out for the batch's tips; a partitioned model's parts side by side.
-
-    Unlinked lengths (-Q) are refused here: a search's trees carry one set of lengths.
-    """
+    """Pattern data laid out for the batch's tips; a partitioned model's parts side by side."""
     if not isinstance(model, PartitionedModel):
         return pattern_data(alignment, trees)
-    if model.link == "unlinked":
-        raise ModelError("a topology search links branch lengths across parts (-p or -q); unlinked lengths (-Q) "
-                         "are fitted on a fixed topology (jaxphylo ml -te TREE, or ml.fit)")
     return partitioned_data(alignment, trees, model)
+
+
+def _unlinked(model) -> bool:
+    return isinstance(model, PartitionedModel) and model.link == "unlinked"
+
+
+def search_template(model):
+    """The model a search carries: unlinked lengths travel beside the trees (`[B, M, K]`), not in the model."""
+    return model.without_branch_lengths() if _unlinked(model) else model
+
+
+def search_lengths(lengths: jax.Array, model) -> jax.Array:
+    """Kernel-tree lengths `[B, M]` as a search climbs them: for unlinked lengths every part starts from them."""
+    return jnp.repeat(lengths[..., None], model.num_parts, -1) if _unlinked(model) else lengths
+
+
+def kernel_tree_lengths(tree: Tree, model) -> tuple[TreeBatch, jax.Array]:
+    """A fitted tree as a search batch of one, and its lengths as a search holds them: with a model that
+    carries unlinked lengths (`[K, nodes]`, as `ml.fit` and `ml.search` return it) every part's, `[1, M, K]`."""
+    batch = kernel_batch([tree])
+    if not _unlinked(model) or model.branch_lengths is None:
+        return batch, search_lengths(batch.branch_lengths, model)
+    own = [kernel_batch([tree.with_branch_lengths(x)]).branch_lengths for x in model.branch_lengths]
+    return batch, jnp.stack(own, -1)
+
+
+def searched_result(parents, lengths, taxa, model) -> tuple[Tree, object]:
+    """A kernel tree back as a `Tree` and its model: unlinked lengths go into the model (`[K, nodes]`, the
+    tree's node order) and the tree takes their site-weighted mean, as `ml.fit` reports them."""
+    tree_of = lambda x: TreeBatch(parents[None], x[None], taxa).to_trees(rooted=False)[0]  # noqa: E731
+    if lengths.ndim == 1:
+        return tree_of(lengths), model
+    own = jnp.stack([tree_of(lengths[:, k]).branch_lengths for k in range(lengths.shape[1])])
+    return tree_of(lengths[:, 0]).with_branch_lengths(np.average(own, axis=0, weights=model.site_counts)), \
+        model.with_branch_lengths(own)
 
 
 def kernel_batch(trees: list[Tree]) -> TreeBatch:
@@ -441,6 +474,7 @@ class _SearchRun:
         self.settings, self.progress, self.seed = settings, progress, seed
         self.began = time.perf_counter()
         self.template, self.free = resolve_model(model, alignment)
+        self.template = search_template(self.template)
         trees = start_trees(alignment, start, starts, seed)
         self.size = max(settings.batch, starts)
         self.start_batch = kernel_batch(trees + trees[:1] * (self.size - len(trees)))
@@ -476,9 +510,10 @@ class _SearchRun:
     def advance(self) -> bool:
         if self.stage == "start":  # three steps, a stop point between each: each may compile for seconds
             parents = self.start_batch.parents
-            self.climb = Climb(parents, *optimise_lengths(parents, self.start_batch.branch_lengths,
-                                                          fixed_branches(parents), self.problem_of(self.size), 1e-3))
-            _require_finite_start(self.climb.batch[2], self.problem_of(self.size), self.start_batch)
+            lengths = search_lengths(self.start_batch.branch_lengths, self.template)
+            self.climb = Climb(parents, *optimise_lengths(parents, lengths, fixed_branches(parents),
+                                                          self.problem_of(self.size), 1e-3))
+            _require_finite_start(self.climb.batch[2], self.problem_of(self.size), self.start_batch, lengths)
             self.stage = "start-model"
             return False
         if self.stage == "start-model":
@@ -520,7 +555,7 @@ class _SearchRun:
     def result(self) -> MLResult:
         _, best_p, best_l = self.candidates.best()
         model, best_l, best_ll, values, iterations = self.refit(best_p, best_l)
-        tree = TreeBatch(best_p[None], best_l[None], self.start_batch.taxa).to_trees(rooted=False)[0]
+        tree, model = searched_result(best_p, best_l, self.start_batch.taxa, model)
         return MLResult(tree=tree, model=model, log_likelihood=best_ll, iterations=iterations,
                         seconds=time.perf_counter() - self.began, parameters=reported_parameters(values, model),
                         search_rounds=len(self.trace), trace=list(self.trace))
@@ -548,13 +583,13 @@ def _sorted_splits(key: frozenset) -> tuple:
     return tuple(sorted(tuple(sorted(split)) for split in key))
 
 
-def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch) -> None:
+def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch, lengths) -> None:
     """A start tree whose log-likelihood is not finite stops the search with the cause named."""
     values = np.asarray(log_likelihoods)
     if np.all(np.isfinite(values)):
         return
     k = int(np.argmax(~np.isfinite(values)))
-    per_pattern = _batch_pattern_log_likelihoods(problem.model, batch.parents, batch.branch_lengths, problem.data,
+    per_pattern = _batch_pattern_log_likelihoods(problem.model, batch.parents, lengths, problem.data,
                                                  problem.widths, problem.dtype)[k]
     tree = TreeBatch(batch.parents[k:k + 1], batch.branch_lengths[k:k + 1], batch.taxa).to_trees(rooted=False)[0]
     require_finite(values[k], model=problem.model, tree=tree, per_pattern=per_pattern,

@@ -53,7 +53,7 @@ def spr_candidates(parent: np.ndarray, lengths: np.ndarray, radius: int, limit: 
             all_lengths.append(l)
     m = len(parent)
     if not parents:
-        return np.zeros((0, m), np.int32), np.zeros((0, m))
+        return np.zeros((0, m), np.int32), np.zeros((0,) + np.shape(lengths))
     return np.stack(parents), np.stack(all_lengths)
 
 

@@ -103,13 +103,14 @@ def _kernel_splits(parent: np.ndarray, taxa) -> list[frozenset | None]:
 def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed: int = 0,
             precision: str = "float64") -> dict[frozenset, float]:
     """SH-aLRT support (percent) of every internal branch of the ML tree, by split."""
-    from ._search import kernel_batch, search_data
+    from ._search import kernel_tree_lengths, search_data, search_template
 
-    batch = kernel_batch([result.tree])
-    data = search_data(alignment, batch, result.model)
+    batch, lengths = kernel_tree_lengths(result.tree, result.model)
+    model = search_template(result.model)
+    data = search_data(alignment, batch, model)
     dtype = PRECISIONS[precision]
-    widths = phase_widths(batch.num_tips, max_step_width(result.model, data, dtype))
-    scores = jax.jit(nni_scores, static_argnums=(5, 6, 7))(batch.parents, batch.branch_lengths, result.model, data,
+    widths = phase_widths(batch.num_tips, max_step_width(model, data, dtype))
+    scores = jax.jit(nni_scores, static_argnums=(5, 6, 7))(batch.parents, lengths, model, data,
                                                            jnp.asarray(data.weights)[None], widths, dtype, True)
     valid = np.asarray(scores.valid[0])
     nodes = np.asarray(scores.nodes[0, :, 0])
@@ -213,7 +214,7 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     The batches are fixed by `replicates` alone, so an interrupted and
     resumed bootstrap gives the trees an uninterrupted one gives.
     """
-    from ._search import Climb, SearchSettings, kernel_batch, search_data
+    from ._search import Climb, SearchSettings, kernel_batch, search_data, searched_result
 
     settings = settings or SearchSettings()
     batch = kernel_batch([result.tree])
@@ -242,7 +243,7 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
         while not climb.done:
             stop_point(stop, save, checkpoint, where)
             climb.step(lambda _: problem, settings, (lambda best: progress(best)) if progress else None)
-        trees = TreeBatch(*climb.batch[:2], tuple(alignment.taxa)).to_trees(rooted=False)
+        trees = [searched_result(p, l, tuple(alignment.taxa), problem.model)[0] for p, l in zip(*climb.batch[:2])]
         done, climb = done + [(list(t.topology.parent), np.asarray(t.branch_lengths)) for t in trees], None
         if checkpoint is not None:
             save()
@@ -254,19 +255,20 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
 
 def _replicate_problem(resampling: Resampling, result, columns, settings, precision):
     """The search problem of one batch of resampled site sets: one row of pattern counts per replicate."""
-    from ._search import Problem, search_data
+    from ._search import Problem, search_data, search_template
 
     alignment = resampling.alignment
     counts = resampling.counts(columns)
-    data = search_data(alignment, TreeBatch(None, None, tuple(alignment.taxa)), result.model)  # alignment's order
+    model = search_template(result.model)
+    data = search_data(alignment, TreeBatch(None, None, tuple(alignment.taxa)), model)  # alignment's order
     dtype = PRECISIONS[precision]
-    widths = phase_widths(len(alignment.taxa), max_step_width(result.model, data, dtype, 2 * len(columns)))
-    return Problem(result.model, data, jnp.asarray(counts, dtype), widths, dtype, settings.lengths_method)
+    widths = phase_widths(len(alignment.taxa), max_step_width(model, data, dtype, 2 * len(columns)))
+    return Problem(model, data, jnp.asarray(counts, dtype), widths, dtype, settings.lengths_method)
 
 
 def _replicate_starts(resampling: Resampling, result, columns, settings, precision):
     """Each replicate's BIONJ tree with branch lengths fitted to its columns, as a climb (NNIs only) to run."""
-    from ._search import Climb, kernel_batch, optimise_lengths
+    from ._search import Climb, kernel_batch, optimise_lengths, search_lengths
 
     alignment, starts = resampling.alignment, []
     for row in columns:
@@ -274,5 +276,6 @@ def _replicate_starts(resampling: Resampling, result, columns, settings, precisi
         starts.append(tree.with_branch_lengths(np.clip(np.asarray(tree.branch_lengths, float), 1e-3, 1.0)))
     batch = kernel_batch(starts)
     problem = _replicate_problem(resampling, result, columns, settings, precision)
-    lengths, log_l = optimise_lengths(batch.parents, batch.branch_lengths, fixed_branches(batch.parents), problem)
+    lengths, log_l = optimise_lengths(batch.parents, search_lengths(batch.branch_lengths, problem.model),
+                                      fixed_branches(batch.parents), problem)
     return Climb(batch.parents, lengths, log_l, spr=False)

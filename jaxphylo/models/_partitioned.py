@@ -127,6 +127,11 @@ class PartitionedModel(eqx.Module):
         return PartitionedModel(self.models, self.rates, lengths, self.scheme, "unlinked", self.site_counts,
                                 self.model_strings)
 
+    def without_branch_lengths(self) -> "PartitionedModel":
+        """The same model with no per-part lengths in it (a batch of trees brings its own)."""
+        return PartitionedModel(self.models, self.rates, None, self.scheme, self.link, self.site_counts,
+                                self.model_strings)
+
     def with_parts(self, models: tuple[Model, ...], rates) -> "PartitionedModel":
         """The same scheme and link with other part models and rate multipliers."""
         return PartitionedModel(tuple(models), rates, self.branch_lengths, self.scheme, self.link, self.site_counts,
@@ -370,22 +375,40 @@ def _part_log_likelihoods(models: tuple[Model, ...], lengths: Float[Array, "part
     return jnp.stack(result)
 
 
-def batch_part_pattern_log_likelihoods(model: PartitionedModel, schedule, branch_lengths: Float[Array, "B nodes"],
-                                       data: PartitionedData, dtype,
-                                       per_tree_models: bool = False) -> Float[Array, "B patterns"]:
-    """`log L_c` of a batch of trees (a device schedule) under linked branch lengths, every part's patterns
-    side by side in `PartitionedData.weights`'s order: `[B, sum_g K_g P_g]`, one kernel call per group.
+def part_layout_lengths(model: PartitionedModel, branch_lengths: Float[Array, "B nodes *parts"], schedule,
+                        per_tree_models: bool = False) -> list[Float[Array, "B ids"]]:
+    """Every part's lengths of a batch of trees, in the schedule's layout order (one `[B, ids]` per part).
 
-    With `per_tree_models` every leaf of `model` (part models and rates) has a leading `[B]` axis.
+    Linked lengths `[B, nodes]` give `t_k = r_k t` (`r_k` the normalised rates, `[B, K]` with
+    `per_tree_models`); unlinked ones (`-Q`) are every part's own, `[B, nodes, K]`, parts last so
+    that node indexing is the same for both.
     """
     from ..likelihood._api import batch_layout_lengths
 
     if model.link == "unlinked" and model.branch_lengths is not None:
-        raise ModelError("a batch of trees takes linked branch lengths (-p or -q), not unlinked ones (-Q)")
+        raise ModelError("a batch of trees takes its lengths as an argument: unlinked ones as [trees, nodes, parts], "
+                         "not in the model")
+    if branch_lengths.ndim == 3:
+        if model.link != "unlinked" or branch_lengths.shape[-1] != model.num_parts:
+            raise ModelError(f"per-part branch lengths of shape {tuple(branch_lengths.shape)} need an unlinked (-Q) "
+                             f"model of {branch_lengths.shape[-1]} parts")
+        return [batch_layout_lengths(branch_lengths[..., k], schedule) for k in range(model.num_parts)]
     rates = model.normalised_rates()  # [K], or [B, K] with per-tree models
     scaled = rates.T[:, :, None] * branch_lengths[None] if per_tree_models else (
         rates[:, None, None] * branch_lengths[None])
-    layout = [batch_layout_lengths(lengths, schedule) for lengths in scaled]
+    return [batch_layout_lengths(lengths, schedule) for lengths in scaled]
+
+
+def batch_part_pattern_log_likelihoods(model: PartitionedModel, schedule, branch_lengths: Float[Array, "B nodes *parts"],
+                                       data: PartitionedData, dtype,
+                                       per_tree_models: bool = False) -> Float[Array, "B patterns"]:
+    """`log L_c` of a batch of trees (a device schedule), every part's patterns side by side in
+    `PartitionedData.weights`'s order: `[B, sum_g K_g P_g]`, one kernel call per group. Lengths as
+    `part_layout_lengths` takes them: linked `[B, nodes]`, or unlinked `[B, nodes, K]`.
+
+    With `per_tree_models` every leaf of `model` (part models and rates) has a leading `[B]` axis.
+    """
+    layout = part_layout_lengths(model, branch_lengths, schedule, per_tree_models)
     groups = [_group_pattern_log_likelihoods(model.models, group, layout, schedule, dtype, None, per_tree_models)
               for group in data.groups]
     return jnp.concatenate([jnp.moveaxis(g, 0, 1).reshape(g.shape[1], -1) for g in groups], axis=1)
