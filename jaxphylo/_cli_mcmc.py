@@ -40,7 +40,8 @@ def add_mcmc_command(subparsers) -> None:
     mcmc.add_argument("--max-time", help="stop, saved, after this long (e.g. 23h); SIGTERM, SIGINT, SIGUSR1 too")
     from .cli import add_partition_options
 
-    add_partition_options(mcmc, "unlinked branch lengths: not for MC³ (its chains link them; use -p or -q)")
+    add_partition_options(mcmc, "unlinked branch lengths (each part its own, Exponential prior on each; the trees "
+                                "carry their site-weighted mean, the log every part's tree length TL.PART)")
     mcmc.set_defaults(run=run_mcmc)
 
 
@@ -54,8 +55,6 @@ def run_mcmc(args) -> None:
 
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type)
     partitions = partition_choice(args)
-    if partitions and partitions[1] == "unlinked":
-        raise jp.JaxphyloError("-Q: MC³'s chains link branch lengths across parts; use -p (a rate per part) or -q")
     model = partitioned_model_of(args, alignment, args.model) if partitions else args.model
     jp.ml.check_inputs(alignment, model)
     settings = MC3Settings(runs=args.runs, chains=args.chains, generations=args.generations,

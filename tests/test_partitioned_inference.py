@@ -185,8 +185,8 @@ def test_partitioned_search_bootstrap_and_alrt(genes, tmp_path):
 
 def test_partitioned_sample_and_mcmc(genes, tmp_path):
     """MC³ (`mcmc -p`) runs on a partitioned model and logs every part's parameters, its batched likelihood with
-    per-chain partitioned models equals the partitioned log L of each chain's tree; NUTS's model (`sample -p`)
-    has the partitioned log density."""
+    per-chain partitioned models equals the partitioned log L of each chain's tree (with -p, and with -Q every
+    part's edges); NUTS's model (`sample -p`) has the partitioned log density."""
     from numpyro.infer.util import log_density
 
     from jaxphylo.inference import Analysis, prepare
@@ -224,8 +224,17 @@ def test_partitioned_sample_and_mcmc(genes, tmp_path):
     assert float(density) == pytest.approx(expected + priors, abs=1e-8)
     assert {"g1.kappa", "g1.gamma_shape", "part_rates", "part_rate_multipliers"} <= set(trace)
     jp.write_tree(truth, tmp_path / "truth.nwk")
-    for command, message in ((["sample", str(tmp_path / "truth.nwk"), "--clock", "strict"], "-p or -q"),
-                             (["mcmc", "-m", "JC"], "use -p (a rate per part) or -q")):  # -Q: one line each
-        bad = subprocess.run([sys.executable, "-m", "jaxphylo.cli", command[0], str(alignment_path), *command[1:],
-                              "-Q", str(partition)], capture_output=True, text=True)
-        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and message in bad.stderr, bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "sample", str(alignment_path),
+                          str(tmp_path / "truth.nwk"), "--clock", "strict", "-Q", str(partition)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "-p or -q" in bad.stderr, bad.stderr
+    # MC³ with -Q: every chain's edges per part [B, M, K] (the moves' prior checks are in test_mc3.py).
+    unlinked = jp.partitioned_model(read_partitions(partition), alignment, default_model="HKY+G4", link="unlinked")
+    posterior, state = starting_state(alignment, unlinked, MC3Settings(runs=1, chains=2), seed=1)
+    edge = state.edge * jnp.asarray([1.0, 2.5])
+    values = posterior.log_likelihoods(state.up, edge, state.root, params)
+    parents, lengths = jax.vmap(from_view)(state.up, edge, state.root)
+    for b in range(2):
+        chain_model = posterior.coordinates.model(jax.tree.map(lambda x: x[b], params))
+        tree, chain_model = ml._search.searched_result(parents[b], lengths[b], tuple(alignment.taxa), chain_model)
+        assert float(values[b]) == pytest.approx(float(jp.log_likelihood(alignment, tree, chain_model)), abs=1e-8)

@@ -32,16 +32,17 @@ HMC_START_STEP = 0.05
 HMC_TARGET_ACCEPTANCE = 0.65
 
 
-def hmc_proposal(key, posterior, up: Int[Array, "B M"], edge: Float[Array, "B M"], root: Int[Array, " B"],
+def hmc_proposal(key, posterior, up: Int[Array, "B M"], edge: Float[Array, "B M *K"], root: Int[Array, " B"],
                  params: dict, beta: Float[Array, " B"], step_size: Float[Array, " B"], steps: int = HMC_STEPS):
     """Every chain's leapfrog trajectory: `(edge', params', log q)` (`[B, ...]`)."""
-    valid = up >= 0
+    valid = (up >= 0).reshape(up.shape + (1,) * (edge.ndim - 2))  # unlinked lengths [B, M, K]: every part's
+    per_chain_sum = lambda x: x.reshape(x.shape[0], -1).sum(-1)  # noqa: E731
 
     def log_target(theta):
         log_edge, u = theta
         lengths = jnp.where(valid, jnp.exp(log_edge), 0.0)
         value = beta * (posterior.log_likelihoods(up, lengths, root, u) + posterior.log_priors(up, lengths, u))
-        per_chain = value + jnp.sum(jnp.where(valid, log_edge, 0.0), axis=-1)
+        per_chain = value + per_chain_sum(jnp.where(valid, log_edge, 0.0))
         return jnp.sum(per_chain), per_chain
 
     gradient = jax.grad(lambda theta: log_target(theta)[0])
@@ -71,7 +72,7 @@ def hmc_proposal(key, posterior, up: Int[Array, "B M"], edge: Float[Array, "B M"
     new_theta, new_momentum, _ = jax.lax.fori_loop(0, steps, leapfrog, (theta, momentum, gradient(theta)))
     log_edge, new_params = new_theta
     new_edge = jnp.where(valid, jnp.exp(log_edge), 0.0)
-    log_q = jnp.sum(jnp.where(valid, log_edge - theta[0], 0.0), axis=-1) + start_kinetic - _kinetic(new_momentum)
+    log_q = per_chain_sum(jnp.where(valid, log_edge - theta[0], 0.0)) + start_kinetic - _kinetic(new_momentum)
     return new_edge, new_params, jnp.where(jnp.isfinite(log_q), log_q, -jnp.inf)
 
 

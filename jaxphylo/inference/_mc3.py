@@ -97,7 +97,7 @@ class ChainState(eqx.Module):
     """Every chain's state, `[B]` leading (`B = runs x chains`, run-major)."""
 
     up: jax.Array  # [B, M] tip-0 view
-    edge: jax.Array  # [B, M]
+    edge: jax.Array  # [B, M], or [B, M, K] (every part's: unlinked partitions)
     root: jax.Array  # [B] the kernel root's id
     params: dict  # unconstrained model parameters, [B, ...] each
     log_likelihood: jax.Array  # [B]
@@ -138,9 +138,12 @@ class Posterior(eqx.Module):
         return self.coordinates.supports(self.priors)
 
     def log_priors(self, up, edge, params):
-        """Exponential(branch_rate) on each of the 2N - 3 edges (the uniform topology prior is a constant), plus the
-        model parameters' priors in unconstrained coordinates (Jacobian included)."""
-        lengths = jnp.where(up >= 0, jnp.log(self.branch_rate) - self.branch_rate * edge, 0.0).sum(-1)
+        """Exponential(branch_rate) on each of the 2N - 3 edges (each part's, unlinked: i.i.d.; the uniform
+        topology prior is a constant), plus the model parameters' priors in unconstrained coordinates (Jacobian
+        included)."""
+        valid = (up >= 0).reshape(up.shape + (1,) * (edge.ndim - 2))
+        lengths = jnp.where(valid, jnp.log(self.branch_rate) - self.branch_rate * edge, 0.0)
+        lengths = lengths.reshape(edge.shape[0], -1).sum(-1)
         if not jax.tree.leaves(params):
             return lengths
         model_args = (self.coordinates.template, self.coordinates.estimated, self.priors)
@@ -293,7 +296,7 @@ def run_block(state: ChainState, posterior: Posterior, settings: MC3Settings, co
 
 
 def initial_state(trees, params, posterior: Posterior, settings: MC3Settings, seed: int) -> ChainState:
-    """Chains started from kernel trees `(parents [B, M], lengths [B, M])` and parameters `[B, ...]`."""
+    """Chains started from kernel trees `(parents [B, M], lengths [B, M] or [B, M, K])` and parameters `[B, ...]`."""
     parents, lengths = trees
     up, edge = jax.vmap(to_view)(jnp.asarray(parents, jnp.int32), jnp.asarray(lengths))
     root = jnp.argmin(jnp.asarray(parents), axis=1).astype(jnp.int32)

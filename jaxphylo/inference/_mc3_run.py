@@ -28,9 +28,9 @@ from .._schedule import phase_widths
 from .._simulate import random_topology_tree
 from ..likelihood._api import PRECISIONS, max_step_width
 from ..ml._fit import resolve_model
-from ..ml._search import model_record, search_data
 from ..ml._parameters import ModelCoordinates
-from ..ml._search import kernel_batch
+from ..ml._search import kernel_batch, model_record, search_data, search_lengths, search_template
+from ..models import PartitionedModel
 from ._mc3 import MOVES, MC3Settings, Posterior, initial_state, run_block, state_from_numpy, state_to_numpy
 from ._mc3_summary import (RunSamples, asdsf, consensus_newick, convergence, nexus_header, split_frequencies,
                            tree_newick)
@@ -99,7 +99,7 @@ def mc3(
     taxa = tuple(alignment.taxa)
     posterior, state = starting_state(alignment, model, settings, seed, priors, precision, prior_only)
     coordinates = posterior.coordinates
-    names = ["LnL", "LnPr", "TL"] + _parameter_names(coordinates)
+    names = ["LnL", "LnPr", "TL"] + _part_length_names(coordinates.template) + _parameter_names(coordinates)
     record = {"alignment": alignment_digest(alignment), "model": model_record(model), "seed": seed, "precision": precision,
               "priors": describe_priors(priors), "prior_only": prior_only,
               "settings": {k: str(v) for k, v in asdict(settings).items()}}
@@ -147,6 +147,7 @@ def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int
     if len(taxa) < 4:
         raise InputError(f"{alignment.source}: MC³ over unrooted trees needs at least 4 taxa, not {len(taxa)}")
     template, free = resolve_model(model, alignment)
+    template = search_template(template)  # unlinked lengths travel with the chains, `[B, M, K]`
     coordinates = ModelCoordinates(template, free)
     b = settings.runs * settings.chains
     starts = kernel_batch([random_topology_tree(taxa, seed=seed * 7919 + k) for k in range(b)])
@@ -155,7 +156,8 @@ def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int
     widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b))
     posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only, settings.branch_rate)
     params = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
-    return posterior, initial_state((starts.parents, starts.branch_lengths), params, posterior, settings, seed)
+    lengths = search_lengths(starts.branch_lengths, template)
+    return posterior, initial_state((starts.parents, lengths), params, posterior, settings, seed)
 
 
 def describe_priors(priors: dict | None) -> dict:
@@ -192,9 +194,20 @@ def _parameter_names(coordinates: ModelCoordinates) -> list[str]:
     return names
 
 
+def _part_length_names(model) -> list[str]:
+    """Unlinked lengths: every part's tree length is logged too (`TL` is that of their site-weighted mean)."""
+    if isinstance(model, PartitionedModel) and model.link == "unlinked":
+        return [f"TL.{name}" for name in model.names]
+    return []
+
+
 def _collect(block, count, generation, settings, coordinates, taxa, samples, files) -> None:
-    """The block's first `count` samples of every run's cold chain, to the host lists and the output files."""
+    """The block's first `count` samples of every run's cold chain, to the host lists and the output files.
+    Unlinked lengths `[.., M, K]`: the trees carry their site-weighted mean, and every part's length is logged."""
     parents, lengths = np.asarray(block.parents), np.asarray(block.lengths)
+    part_lengths = lengths if lengths.ndim == 4 else None  # [block, runs, M, K]
+    if part_lengths is not None:
+        lengths = np.average(part_lengths, axis=-1, weights=coordinates.template.site_counts)
     log_l, log_prior = np.asarray(block.log_likelihood), np.asarray(block.log_prior)
     named = jax.vmap(jax.vmap(coordinates.named_values))(block.params) if jax.tree.leaves(block.params) else {}
     named = {k: np.asarray(v).reshape(v.shape[:2] + (-1,)) for k, v in named.items()}
@@ -202,9 +215,10 @@ def _collect(block, count, generation, settings, coordinates, taxa, samples, fil
     for i in range(count):
         g = first + i * settings.sample_every
         for r, run in enumerate(samples):
-            free = lengths[i, r][parents[i, r] >= 0]
-            values = [log_l[i, r], log_prior[i, r], free.sum()] + [x for _, v in sorted(named.items())
-                                                                   for x in v[i, r]]
+            free = parents[i, r] >= 0
+            values = [log_l[i, r], log_prior[i, r], lengths[i, r][free].sum()]
+            values += [] if part_lengths is None else list(part_lengths[i, r][free].sum(0))
+            values += [x for _, v in sorted(named.items()) for x in v[i, r]]
             run.add(g, parents[i, r], lengths[i, r], taxa, values)
             files.write_sample(r, g, parents[i, r], lengths[i, r], values)
 

@@ -10,6 +10,13 @@ hung from tip 0, `up[v]` the neighbour of `v` towards tip 0 (`up[w] = 0`,
 owns exactly one edge: the 2N - 3 edges of the unrooted tree. Branch lengths
 travel with their nodes, so relabelling moves have Jacobian 1.
 
+Lengths are `edge [M]`, or `[M, K]` for a partitioned model with unlinked
+lengths (`-Q`: every part its own). Then the topology choices are shared by
+the parts and every variate that moves lengths (split fraction, multiplier,
+slider position) is drawn for each part independently, so the parts' length
+maps are independent and the log Hastings ratio is the sum of the parts'
+length terms plus the topology's (once).
+
 Each proposal is a pure function `(key, up, edge) -> (up', edge', log q)`
 with `log q` the log Hastings ratio (times the Jacobian) derived in its
 docstring; the acceptance of a chain at inverse temperature `beta` is
@@ -135,18 +142,19 @@ def subtree_prune_regraft(key, up, edge, num_tips: int):
     t = _uniform_choice(k2, remaining)
     merged = edge[r] + edge[q]
     target = edge[t]
-    split = jax.random.uniform(k3)
+    split = jax.random.uniform(k3, edge.shape[1:])
     moved_up = up.at[r].set(g)
     moved_up = moved_up.at[q].set(moved_up[t]).at[t].set(q)
     moved_edge = edge.at[r].set(merged).at[t].set(split * target).at[q].set((1 - split) * target)
     possible = jnp.any(remaining)  # tiny trees: no other edge, no move
     return (jnp.where(possible, moved_up, up), jnp.where(possible, moved_edge, edge),
-            jnp.where(possible, jnp.log(target) - jnp.log(merged), 0.0))
+            jnp.where(possible, jnp.sum(jnp.log(target) - jnp.log(merged)), 0.0))
 
 
-def _multiplier(key, tuning):
-    """`m = exp(tuning (U - 1/2))`: log-uniform on [exp(-tuning/2), exp(tuning/2)], density 1/(tuning m)."""
-    return jnp.exp(tuning * (jax.random.uniform(key) - 0.5))
+def _multiplier(key, tuning, shape=()):
+    """`m = exp(tuning (U - 1/2))`: log-uniform on [exp(-tuning/2), exp(tuning/2)], density 1/(tuning m)
+    (one per part: `shape`)."""
+    return jnp.exp(tuning * (jax.random.uniform(key, shape) - 0.5))
 
 
 def branch_multiplier(key, up, edge, tuning):
@@ -157,15 +165,16 @@ def branch_multiplier(key, up, edge, tuning):
     """
     k1, k2 = jax.random.split(key)
     v = _uniform_choice(k1, up >= 0)
-    m = _multiplier(k2, tuning)
-    return up, edge.at[v].multiply(m), jnp.log(m)
+    m = _multiplier(k2, tuning, edge.shape[1:])
+    return up, edge.at[v].multiply(m), jnp.sum(jnp.log(m))
 
 
 def tree_length_multiplier(key, up, edge, tuning):
     """Every edge scaled by one `m` (MrBayes's TLMultiplier): `2N - 3` lengths move, `log q = (2N - 3) log m`."""
-    m = _multiplier(key, tuning)
+    m = _multiplier(key, tuning, edge.shape[1:])
     edges = jnp.sum(up >= 0)
-    return up, jnp.where(up >= 0, edge * m, edge), edges * jnp.log(m)
+    return up, jnp.where((up >= 0).reshape(up.shape + (1,) * (edge.ndim - 1)), edge * m, edge), \
+        edges * jnp.sum(jnp.log(m))
 
 
 def node_slider(key, up, edge, tuning):
@@ -182,10 +191,10 @@ def node_slider(key, up, edge, tuning):
     w = jnp.argmax(up == 0)
     v = _uniform_choice(k1, (up >= 0) & (node != w))
     u = up[v]
-    m = _multiplier(k2, tuning)
+    m = _multiplier(k2, tuning, edge.shape[1:])
     total = m * (edge[v] + edge[u])
-    place = jax.random.uniform(k3)
-    return up, edge.at[v].set(place * total).at[u].set((1 - place) * total), 2 * jnp.log(m)
+    place = jax.random.uniform(k3, edge.shape[1:])
+    return up, edge.at[v].set(place * total).at[u].set((1 - place) * total), 2 * jnp.sum(jnp.log(m))
 
 
 EXTENSION = 0.5  # probability of walking one more edge in the extending moves (a half: log q of the walk is 0)
@@ -267,8 +276,8 @@ def _extending_spr(key, up, edge):
     k1, k2, k3 = jax.random.split(key, 3)
     p, q, r, g, pruned, merged_edge = _prune(k1, up, edge)
     x, y, _, log_walk, ok = extending_walk(k2, neighbours(pruned), (r, g))
-    moved_up, moved_edge, target = _regraft(pruned, merged_edge, q, x, y, jax.random.uniform(k3))
-    log_q = log_walk + jnp.log(target) - jnp.log(merged_edge[r])
+    moved_up, moved_edge, target = _regraft(pruned, merged_edge, q, x, y, jax.random.uniform(k3, edge.shape[1:]))
+    log_q = log_walk + jnp.sum(jnp.log(target) - jnp.log(merged_edge[r]))
     return p, jnp.where(ok, moved_up, up), jnp.where(ok, moved_edge, edge), jnp.where(ok, log_q, 0.0)
 
 
@@ -305,10 +314,10 @@ def _reroot_subtree(key, up, edge, p):
         at = jnp.where(path[k + 1] >= 0, path[k], m)
         new_up = new_up.at[at].set(path[k + 1], mode="drop")
         new_edge = new_edge.at[at].set(edge[jnp.maximum(path[k + 1], 0)], mode="drop")
-    split = jax.random.uniform(k3)
+    split = jax.random.uniform(k3, edge.shape[1:])
     new_up = new_up.at[x].set(p).at[y].set(p)
     new_edge = new_edge.at[y].set(split * edge[y]).at[x].set((1 - split) * edge[y])
-    log_q = log_walk + jnp.log(edge[y]) - jnp.log(edge[a] + edge[b])
+    log_q = log_walk + jnp.sum(jnp.log(edge[y]) - jnp.log(edge[a] + edge[b]))
     return jnp.where(moved, new_up, up), jnp.where(moved, new_edge, edge), jnp.where(moved, log_q, 0.0)
 
 
