@@ -130,6 +130,27 @@ def environment_lines(devices) -> list[str]:
     return lines
 
 
+def add_mesh_options(parser, default: str) -> None:
+    """`--devices N` and `--mesh batch=B,patterns=P` on a command that runs on many devices (`default`: the
+    mesh it picks without them)."""
+    parser.add_argument("--devices", type=int, default=None, help="use the first N devices (default: all visible)")
+    parser.add_argument("--mesh", help=f"device mesh batch=B,patterns=P (default: {default})")
+
+
+def mesh_choice(args, trees: int, num_patterns: int, default: bool = True):
+    """The mesh of `--devices`/`--mesh`; without them, with `default`, the default mesh over every device
+    (`default_mesh_shape`); None where that is one device (nothing to spread)."""
+    from ._sharding import run_mesh
+
+    if not default and args.devices is None and args.mesh is None:
+        return None
+    devices = select_devices(args.devices)
+    if args.mesh:
+        mesh = parse_mesh_option(args.mesh, devices)
+        return None if mesh.devices.size == 1 else mesh
+    return run_mesh(devices, trees=trees, num_patterns=num_patterns)
+
+
 def mesh_lines(mesh, num_patterns: int | None = None, taxa: int | None = None, how: str = "") -> list[str]:
     """The mesh's shape and, for a data set, the pattern shard per device."""
     from ._sharding import padded_pattern_count

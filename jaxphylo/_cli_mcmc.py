@@ -38,10 +38,12 @@ def add_mcmc_command(subparsers) -> None:
     mcmc.add_argument("--dry-run", action="store_true",
                       help="print the data sizes, memory per device and the time of one evaluation; then exit")
     mcmc.add_argument("--max-time", help="stop, saved, after this long (e.g. 23h); SIGTERM, SIGINT, SIGUSR1 too")
+    from ._cli_env import add_mesh_options
     from .cli import add_partition_options
 
     add_partition_options(mcmc, "unlinked branch lengths (each part its own, Exponential prior on each; the trees "
                                 "carry their site-weighted mean, the log every part's tree length TL.PART)")
+    add_mesh_options(mcmc, "every visible device, whole runs per device where the runs divide evenly")
     mcmc.set_defaults(run=run_mcmc)
 
 
@@ -51,6 +53,7 @@ def run_mcmc(args) -> None:
     from jaxphylo.inference._mc3 import DEFAULT_MOVES, MC3Settings
     from jaxphylo.inference._mc3_run import mc3
 
+    from ._cli_env import mesh_choice
     from .cli import partition_choice, partitioned_model_of
 
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type)
@@ -68,9 +71,12 @@ def run_mcmc(args) -> None:
         lnl = "  ".join(f"{x:.2f}" for x in cold)
         print(f"generation {generation}\tcold log L {lnl}\tASDSF {value:.4f}", file=sys.stderr, flush=True)
 
+    mesh = mesh_choice(args, settings.runs, alignment.site_patterns().num_patterns)
+    if mesh is not None:
+        print(f"# devices: mesh batch={mesh.shape['batch']} x patterns={mesh.shape['patterns']}", file=sys.stderr)
     result = mc3(alignment, model, settings=settings, seed=args.seed, priors=PRIOR_SETS[args.priors] or None,
                  precision=args.precision, out=args.out,
-                 resume=args.resume, progress=progress, stop=args.stop)
+                 resume=args.resume, progress=progress, stop=args.stop, mesh=mesh)
     print(summary_text(result))
 
 

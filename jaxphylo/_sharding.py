@@ -279,3 +279,66 @@ def sharded_batch_log_likelihoods(data: PatternData, trees: TreeBatch, model: Mo
         lengths = _place(lengths, sharding)
     values = _sharded_batch(replicate(model, mesh), parents, lengths, data, trees.taxa, mesh, precision)
     return values[:count]
+
+
+# ---------------------------------------------------------------- searches and chains on a mesh
+#
+# ML search, bootstrap and MC³ run many trees per call: their arrays lead with the batch of trees (or chains).
+# On a mesh they are placed with that axis over `batch` and the pattern data over `patterns`; every jitted step
+# then compiles for those placements (XLA's SPMD partitioner: the same program, each device its block of trees
+# and columns, collectives only where a sum crosses a split axis), so the results are the unsharded ones up to
+# the order of sums. On a GPU every op of the passes partitions; on a CPU the C++ kernel's custom call does not
+# (XLA gathers its inputs and runs it whole on every device: correct, not faster).
+
+
+def place_batch(x, mesh: Mesh | None):
+    """A batch-leading array (or pytree of them) split over `batch` where its leading length divides evenly,
+    else copied to every device; unchanged without a mesh."""
+    if mesh is None:
+        return x
+    rows = mesh.shape["batch"]
+
+    def place(leaf):
+        if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, (np.ndarray, jax.Array)):
+            return leaf
+        spec = PartitionSpec("batch") if np.ndim(leaf) and np.shape(leaf)[0] % rows == 0 else PartitionSpec()
+        sharding = NamedSharding(mesh, spec)
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:  # already global: re-laid out on devices
+            return leaf if leaf.sharding == sharding else jax.device_put(leaf, sharding)
+        return _place(leaf, sharding)
+
+    return jax.tree_util.tree_map(place, x)
+
+
+def place_data(data, mesh: Mesh | None):
+    """Pattern data for a batch of trees on `mesh`: `PatternData` padded and split over `patterns`
+    (`shard_pattern_data`), a partitioned model's data copied to every device (its patterns are not split:
+    the mesh's `patterns` axis must then be 1). Unchanged without a mesh."""
+    if mesh is None:
+        return data
+    if isinstance(data, PatternData):
+        return shard_pattern_data(data, mesh)
+    if mesh.shape["patterns"] > 1:
+        raise InputError(f"a partitioned model's patterns are not split over devices: use a mesh with patterns=1 "
+                         f"(--mesh batch={mesh.devices.size}), not patterns={mesh.shape['patterns']}")
+    return replicate(data, mesh)
+
+
+def run_mesh(devices=None, mesh_shape: tuple[int | None, int | None] = (None, None), *, trees: int = 1,
+             num_patterns: int | None = None) -> Mesh | None:
+    """The mesh a run uses: over `devices` (default every device), `(batch, patterns)` as given or the
+    default for `trees` trees and `num_patterns` patterns; None for a single device (nothing to place)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) == 1:
+        return None
+    return device_mesh(devices, *mesh_shape, trees=trees, num_patterns=num_patterns)
+
+
+def to_host(x) -> np.ndarray:
+    """An array's whole value on the host, in every process: a global array split over other processes'
+    devices is gathered from them (`multihost_utils.process_allgather`); anything else is read as it is."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)

@@ -7,7 +7,7 @@ import hashlib
 import sys
 from contextlib import nullcontext
 
-from ._cli_env import add_env_command
+from ._cli_env import add_env_command, add_mesh_options, mesh_choice
 from ._cli_mcmc import add_mcmc_command
 from ._cli_models import add_models_command
 from ._checkpoint import EXIT_INTERRUPTED, NEVER, Interrupted, StopRequests, parse_duration
@@ -101,6 +101,7 @@ def partitioned_model_of(args, alignment, default_model: str, rates=None, scheme
 
 
 def _sample(args) -> None:
+    import dataclasses
     import os
 
     if args.chains > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -113,6 +114,7 @@ def _sample(args) -> None:
     from jaxphylo._resources import plan
     from jaxphylo.likelihood._finite import check_start
     from jaxphylo.inference._runner import chunk_program, progress_printer, run_nuts
+    from jaxphylo._sharding import place_data
 
     if args.example:
         alignment_path, tree_path = _example_paths()
@@ -133,6 +135,13 @@ def _sample(args) -> None:
         tip_dates = jp.io.read_tip_dates(args.dates) if args.dates else jp.io.tip_dates_from_names(tree.taxa)
         dates_digest = tip_dates.digest()
     prepared = prepare(alignment, tree, analysis, tip_dates)
+    mesh = mesh_choice(args, 1, alignment.site_patterns().num_patterns, default=False)
+    if mesh is not None and mesh.shape["batch"] > 1:
+        raise JaxphyloError(f"sample splits the patterns over devices (--mesh patterns=N), not its chains: "
+                            f"batch={mesh.shape['batch']} would repeat the same work")
+    if mesh is not None:  # the patterns over the devices; the chains vectorized (pmap would split them instead)
+        prepared = dataclasses.replace(prepared, data=place_data(prepared.data, mesh))
+        print(f"# devices: mesh batch={mesh.shape['batch']} x patterns={mesh.shape['patterns']}", file=sys.stderr)
     model = prepared.substitution
     plan(prepared.data, prepared.tree, model, args.precision,
          args.chains, args.dry_run, alignment.num_sites, log=lambda text: print(text, file=sys.stderr),
@@ -146,7 +155,7 @@ def _sample(args) -> None:
     draws = run_nuts(prepared.model, prepared.data, prepared.init, args.out, settings=settings,
                      chains=args.chains, warmup=args.warmup, samples=args.samples, block=args.block,
                      seed=args.seed, resume=args.resume, progress=not args.no_progress, log=log, stop=args.stop,
-                     check_start=start_check)
+                     check_start=start_check, method="vectorized" if (args.mesh or args.devices) else None)
     text = write_outputs(args.out, draws, prepared.tree.topology, prepared.time)
     print(text)
     divergent = int(draws.stats["diverging"].sum())
@@ -204,12 +213,16 @@ def _ml(args) -> None:
             log_file.close()
             return
     began = time.perf_counter()
+    mesh = mesh_choice(args, 2 * max(args.batch, args.starts), alignment.site_patterns().num_patterns)
+    if mesh is not None:
+        log(f"# devices: mesh batch={mesh.shape['batch']} x patterns={mesh.shape['patterns']}")
     if fixed is not None:  # IQ-TREE's -te: model and branch lengths on this topology, no search
         result = ml.fit(alignment, fixed, model, precision=args.precision)
         log(f"# fitted on the topology of {args.te}: {result.iterations} iterations")
     else:
         result = ml.search(alignment, model, start, starts=args.starts, seed=args.seed, settings=settings,
                            precision=args.precision, checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop,
+                           mesh=mesh,
                            progress=lambda r, best, seconds: log(f"round {r}\tbest log L {best:.4f}",
                                                                  "" if seconds is None else f"\t{seconds:.1f} s"))
     labelled, supports = [], {}
@@ -221,7 +234,7 @@ def _ml(args) -> None:
         log(f"# {args.bootstrap} bootstrap replicates")
         supports["bootstrap"], _ = ml.bootstrap(alignment, result, replicates=args.bootstrap, seed=args.seed,
                                                 settings=settings, precision=args.precision,
-                                                checkpoint=f"{prefix}.boot.ckpt", stop=args.stop)
+                                                checkpoint=f"{prefix}.boot.ckpt", stop=args.stop, mesh=mesh)
         labelled.append(ml.with_supports(result.tree, supports["bootstrap"]))
     tree = ml._support.combine_labels(result.tree, *labelled) if labelled else result.tree
     jp.write_tree(tree, f"{prefix}.treefile")
@@ -368,6 +381,9 @@ def _heatmap(result, length, path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxphylo", description="Differentiable phylogenetics in JAX.")
+    parser.add_argument("--distributed", action="store_true",
+                        help="one of several processes (jax.distributed: Slurm, Open MPI, or JAXPHYLO_COORDINATOR, "
+                             "JAXPHYLO_NUM_PROCESSES, JAXPHYLO_PROCESS_ID); process 0 writes the outputs")
     commands = parser.add_subparsers(dest="command", required=True)
     loglik = commands.add_parser("loglik", help="print the log-likelihood of an alignment on a fixed tree")
     loglik.add_argument("alignment", nargs="?", help="FASTA, PHYLIP or NEXUS alignment")
@@ -416,6 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--no-progress", action="store_true", help="no progress bars")
     sample.add_argument("--example", action="store_true", help="the built-in example (16 taxa, 600 sites)")
     add_partition_options(sample, "partitions with unlinked branch lengths (each part its own; no --clock)")
+    add_mesh_options(sample, "none: the chains run in parallel, one per device, or vectorized on one; with "
+                             "--mesh or --devices the patterns are split over the devices instead")
     sample.set_defaults(run=_sample)
 
     ml = commands.add_parser("ml", help="maximum-likelihood tree: model fit, NNI/SPR search, branch support")
@@ -442,6 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     ml.add_argument("--dry-run", action="store_true",
                     help="print the data sizes, memory per device and the time of one evaluation; then exit")
     ml.add_argument("--max-time", help="stop, saved, after this long (e.g. 23h); SIGTERM, SIGINT, SIGUSR1 too")
+    add_mesh_options(ml, "every visible device, the search's trees and bootstrap replicates over batch")
     ml.set_defaults(run=_ml)
 
     distance = commands.add_parser("distance", help="all-pairs distances, written as a PHYLIP matrix")
@@ -480,27 +499,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    errors = sys.stderr  # errors reach the user from every process; outputs come from process 0 only
     try:
+        if args.distributed:
+            import jax
+
+            from ._distributed import join_processes, mirror_outputs
+
+            join_processes()
+            if jax.process_index() > 0:
+                mirror_outputs(args, jax.process_index())
         # Signals are caught from the start, so a kill announced during start-up or compilation
         # is answered at the first iteration, saved, instead of losing the process.
         long_run = hasattr(args, "max_time")
-        with StopRequests(parse_duration(args.max_time), ignore_after=True) if long_run else nullcontext(NEVER) as args.stop:
+        stops = StopRequests(parse_duration(args.max_time), ignore_after=True) if long_run else nullcontext(NEVER)
+        with stops as args.stop:
             args.run(args)
     except Interrupted as err:
-        print(f"jaxphylo: stopped: {err}", file=sys.stderr)
+        print(f"jaxphylo: stopped: {err}", file=errors)
         return EXIT_INTERRUPTED
     except JaxphyloError as err:
-        print(f"jaxphylo: error: {err}", file=sys.stderr)
+        print(f"jaxphylo: error: {err}", file=errors)
         return 2
     except KeyboardInterrupt:
-        print("jaxphylo: interrupted", file=sys.stderr)
+        print("jaxphylo: interrupted", file=errors)
         return 130
     except Exception as err:  # XLA's out-of-memory error becomes one line; anything else is a bug: traceback
         from ._resources import out_of_memory_message
 
         if (message := out_of_memory_message(err)) is None:
             raise
-        print(f"jaxphylo: error: {message}", file=sys.stderr)
+        print(f"jaxphylo: error: {message}", file=errors)
         return 2
     return 0
 

@@ -172,7 +172,7 @@ def test_partitioned_search_bootstrap_and_alrt(genes, tmp_path):
     assert [set(counts[:, parts == k].sum(axis=1)) for k in (0, 1)] == [{500}, {500}]
     # -Q: every part its own lengths through the search (Newton steps, the GPU's default) and SH-aLRT.
     unlinked = jp.partitioned_model(read_partitions(partition), alignment, default_model="HKY+G4", link="unlinked")
-    result = ml.search(alignment, unlinked, settings=ml.SearchSettings(patience=1, batch=2, radius=0,
+    result = ml.search(alignment, unlinked, settings=ml.SearchSettings(patience=0, batch=2, radius=0,
                                                                        lengths_method="newton"))
     assert ml.robinson_foulds(result.tree, truth) == 0 and result.model.branch_lengths.shape == (2, 14)
     assert result.log_likelihood == pytest.approx(float(jp.log_likelihood(alignment, result.tree, result.model)),

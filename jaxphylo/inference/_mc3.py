@@ -39,10 +39,10 @@ from dataclasses import dataclass
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from numpyro.infer.util import potential_energy
 
 from .._errors import InputError
+from .._sharding import to_host
 from ..likelihood._api import _batch_pattern_log_likelihoods
 from ..ml._parameters import ModelCoordinates
 from ._model_priors import sample_model
@@ -312,7 +312,7 @@ def initial_state(trees, params, posterior: Posterior, settings: MC3Settings, se
 
 def state_to_numpy(state: ChainState) -> dict:
     leaves, _ = jax.tree.flatten(state)
-    return {"leaves": [np.asarray(x) for x in leaves]}
+    return {"leaves": [to_host(x) for x in leaves]}
 
 
 def state_from_numpy(saved: dict, like: ChainState) -> ChainState:

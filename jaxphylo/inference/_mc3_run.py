@@ -25,6 +25,7 @@ from .._alignment import Alignment
 from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._errors import InputError
 from .._schedule import phase_widths
+from .._sharding import place_batch, place_data, replicate, to_host
 from .._simulate import random_topology_tree
 from ..likelihood._api import PRECISIONS, max_step_width
 from ..ml._fit import resolve_model
@@ -80,6 +81,7 @@ def mc3(
     progress=None,
     stop=NEVER,
     prior_only: bool = False,
+    mesh=None,
 ) -> MC3Result:
     """Metropolis-coupled MCMC over unrooted trees, branch lengths and model parameters (see `_mc3`).
 
@@ -93,11 +95,15 @@ def mc3(
     every block (`resume=True` continues it). `progress(generation, cold log
     L per run, ASDSF)` is called after every block. `prior_only` drops the
     likelihood (a test of the moves: the samples must follow the prior).
+    `mesh` (`jp.device_mesh`) spreads the chains over its `batch` axis (whole
+    runs per device when `batch` divides `runs`: heat swaps stay on a device)
+    and the patterns over `patterns`; the chains are the same, up to the order
+    of sums.
     """
     settings = settings or MC3Settings(runs=runs, chains=chains, generations=generations, sample_every=sample_every,
                                        temperature=temperature, stop_asdsf=stop_asdsf)
     taxa = tuple(alignment.taxa)
-    posterior, state = starting_state(alignment, model, settings, seed, priors, precision, prior_only)
+    posterior, state = starting_state(alignment, model, settings, seed, priors, precision, prior_only, mesh)
     coordinates = posterior.coordinates
     names = ["LnL", "LnPr", "TL"] + _part_length_names(coordinates.template) + _parameter_names(coordinates)
     record = {"alignment": alignment_digest(alignment), "model": model_record(model), "seed": seed, "precision": precision,
@@ -111,7 +117,7 @@ def mc3(
         _check_run_folder(Path(out), resume)
     if resume:
         saved = load_checkpoint(checkpoint, record)
-        state, trace = state_from_numpy(saved["state"], state), saved["trace"]
+        state, trace = place_batch(state_from_numpy(saved["state"], state), mesh), saved["trace"]
         samples = [RunSamples.from_plain(plain) for plain in saved["samples"]]
         files.truncate(saved["sizes"])
     else:
@@ -128,7 +134,8 @@ def mc3(
     while len(samples[0].generations) < total and not _converged(trace, settings):
         stop_point(stop, save, checkpoint, f"after {int(state.generation)} generations")
         count = min(settings.block, total - len(samples[0].generations))
-        state, block = run_block(state, posterior, settings, jnp.asarray(count))
+        state, block = run_block(state, posterior, settings, np.int32(count))
+        block = jax.tree.map(to_host, block)  # under jax.distributed: every process reads all of it
         _collect(block, count, int(state.generation), settings, coordinates, taxa, samples, files)
         trace.append((int(state.generation), asdsf(samples, settings.burnin, settings.min_split_frequency)))
         save()
@@ -141,7 +148,7 @@ def mc3(
 
 
 def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int = 0, priors=None,
-                   precision: str = "float64", prior_only: bool = False) -> tuple[Posterior, object]:
+                   precision: str = "float64", prior_only: bool = False, mesh=None) -> tuple[Posterior, object]:
     """The posterior of `alignment` under `model` and every chain's first state (random topologies)."""
     taxa = tuple(alignment.taxa)
     if len(taxa) < 4:
@@ -149,15 +156,18 @@ def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int
     template, free = resolve_model(model, alignment)
     template = search_template(template)  # unlinked lengths travel with the chains, `[B, M, K]`
     coordinates = ModelCoordinates(template, free)
+    if mesh is not None:  # under jax.distributed an array must span the mesh to enter its computations
+        coordinates, priors = replicate(coordinates, mesh), replicate(priors, mesh)
     b = settings.runs * settings.chains
     starts = kernel_batch([random_topology_tree(taxa, seed=seed * 7919 + k) for k in range(b)])
-    data = search_data(alignment, starts, template)  # a partitioned model's parts side by side
+    data = place_data(search_data(alignment, starts, template), mesh)  # a partitioned model's parts side by side
     dtype = PRECISIONS[precision]
     widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b))
     posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only, settings.branch_rate)
     params = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
     lengths = search_lengths(starts.branch_lengths, template)
-    return posterior, initial_state((starts.parents, lengths), params, posterior, settings, seed)
+    trees = place_batch((starts.parents, lengths), mesh)
+    return posterior, place_batch(initial_state(trees, place_batch(params, mesh), posterior, settings, seed), mesh)
 
 
 def describe_priors(priors: dict | None) -> dict:
@@ -224,7 +234,8 @@ def _collect(block, count, generation, settings, coordinates, taxa, samples, fil
 
 
 def _result(state, samples, names, settings, trace, taxa, seconds) -> MC3Result:
-    proposed, accepted = np.asarray(state.proposed).sum(0), np.asarray(state.accepted).sum(0)
+    state = jax.tree.map(to_host, state)
+    proposed, accepted = state.proposed.sum(0), state.accepted.sum(0)
     acceptance = {m: float(a / p) for m, p, a in zip(MOVES, proposed, accepted) if p > 0}
     tried = np.asarray(state.swaps_tried)
     swap_rates = np.asarray(state.swaps_accepted) / np.maximum(tried, 1)

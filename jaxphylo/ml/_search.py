@@ -42,6 +42,7 @@ from .._errors import InputError
 from .._neighbor_joining import bionj
 from .._parsimony import parsimony_tree
 from .._schedule import phase_widths
+from .._sharding import place_batch, place_data
 from .._simulate import random_topology_tree
 from .._tree import Tree, TreeBatch
 from ..likelihood import pattern_data
@@ -98,6 +99,7 @@ class Problem(eqx.Module):
     widths: tuple[int, ...] = eqx.field(static=True)
     dtype: object = eqx.field(static=True)
     lengths_method: str = eqx.field(static=True, default="auto")
+    mesh: object = eqx.field(static=True, default=None)  # trees over its `batch` axis (`place_batch`), or None
 
 
 def _lengths_objective(u, parents, fixed, problem: Problem):
@@ -222,12 +224,14 @@ def spr_step(parent, lengths, log_likelihood, problem_of, batch: int, settings: 
     chunk = settings.spr_chunk
     scores = []
     for k in range(0, len(candidates_p), chunk):
-        p, l = _padded(candidates_p[k:k + chunk], chunk), _padded(candidates_l[k:k + chunk], chunk)
-        scores.append(np.asarray(tree_log_likelihoods(jnp.asarray(p), jnp.asarray(l), problem_of(chunk))))
+        problem = problem_of(chunk)
+        p, l = (place_batch(_padded(x[k:k + chunk], chunk), problem.mesh) for x in (candidates_p, candidates_l))
+        scores.append(np.asarray(tree_log_likelihoods(p, l, problem)))
     scores = np.concatenate(scores)[: len(candidates_p)]
     top = np.argsort(-scores)[:2 * batch]  # as many as an NNI round re-fits: the same compiled program
-    p, l = jnp.asarray(_padded(candidates_p[top], 2 * batch)), jnp.asarray(_padded(candidates_l[top], 2 * batch))
-    l, ll = optimise_lengths(p, l, fixed_branches(p), problem_of(2 * batch))
+    problem = problem_of(2 * batch)
+    p, l = (place_batch(_padded(x[top], 2 * batch), problem.mesh) for x in (candidates_p, candidates_l))
+    l, ll = optimise_lengths(p, l, fixed_branches(p), problem)
     k = int(jnp.argmax(ll))
     if float(ll[k]) > log_likelihood + settings.epsilon:
         return p[k], l[k], float(ll[k]), True
@@ -425,6 +429,7 @@ def search(
     checkpoint=None,
     resume: bool = False,
     stop=NEVER,
+    mesh=None,
 ) -> MLResult:
     """The maximum-likelihood tree: model fitted on the start tree, NNI hill climbing with perturbation, final fit.
 
@@ -440,11 +445,15 @@ def search(
     from it and ends as an uninterrupted one would, to the last bit. `stop` (a
     `jaxphylo._checkpoint.StopRequests`) is read before every NNI or SPR
     round; when it fires the search saves and raises `Interrupted`.
+
+    `mesh` (`jp.device_mesh`) spreads the batch of trees over its `batch`
+    axis and the patterns over `patterns` (`jaxphylo._sharding.place_batch`);
+    the search is the same, up to the order of sums.
     """
     settings = settings or SearchSettings()
     record = _search_record(alignment, model, start, starts, seed, settings, precision)
     saved = _resumed(checkpoint, resume, record)
-    run = _SearchRun(alignment, model, start, starts, seed, settings, precision, progress)
+    run = _SearchRun(alignment, model, start, starts, seed, settings, precision, progress, mesh)
     if saved is not None:
         run.restore(saved)
         for entry in run.trace if progress is not None else ():
@@ -470,15 +479,15 @@ class _SearchRun:
     round inside a climb) and says whether a stage ended (a moment to save).
     """
 
-    def __init__(self, alignment, model, start, starts, seed, settings, precision, progress):
-        self.settings, self.progress, self.seed = settings, progress, seed
+    def __init__(self, alignment, model, start, starts, seed, settings, precision, progress, mesh=None):
+        self.settings, self.progress, self.seed, self.mesh = settings, progress, seed, mesh
         self.began = time.perf_counter()
         self.template, self.free = resolve_model(model, alignment)
         self.template = search_template(self.template)
         trees = start_trees(alignment, start, starts, seed)
         self.size = max(settings.batch, starts)
         self.start_batch = kernel_batch(trees + trees[:1] * (self.size - len(trees)))
-        self.data = search_data(alignment, self.start_batch, self.template)
+        self.data = place_data(search_data(alignment, self.start_batch, self.template), mesh)
         self.dtype = PRECISIONS[precision]
         self.widths = phase_widths(self.start_batch.num_tips, max_step_width(
             self.template, self.data, self.dtype, max(2 * self.size, settings.spr_chunk)))
@@ -488,8 +497,10 @@ class _SearchRun:
         self.key, self.failures, self.trace = jax.random.PRNGKey(seed), 0, []
 
     def problem_of(self, b: int) -> Problem:
-        weights = jnp.broadcast_to(self.data.weights, (b, self.data.weights.shape[0]))
-        return Problem(self.model, self.data, weights, self.widths, self.dtype, self.settings.lengths_method)
+        weights = place_batch(np.broadcast_to(np.asarray(self.data.weights), (b, self.data.weights.shape[0])),
+                              self.mesh)
+        return Problem(self.model, self.data, weights, self.widths, self.dtype, self.settings.lengths_method,
+                       self.mesh)
 
     def on_round(self, best: float) -> None:
         self.trace.append((len(self.trace) + 1, best))
@@ -509,8 +520,8 @@ class _SearchRun:
 
     def advance(self) -> bool:
         if self.stage == "start":  # three steps, a stop point between each: each may compile for seconds
-            parents = self.start_batch.parents
-            lengths = search_lengths(self.start_batch.branch_lengths, self.template)
+            parents = place_batch(self.start_batch.parents, self.mesh)
+            lengths = place_batch(search_lengths(self.start_batch.branch_lengths, self.template), self.mesh)
             self.climb = Climb(parents, *optimise_lengths(parents, lengths, fixed_branches(parents),
                                                           self.problem_of(self.size), 1e-3))
             _require_finite_start(self.climb.batch[2], self.problem_of(self.size), self.start_batch, lengths)

@@ -35,6 +35,7 @@ from .._neighbor_joining import bionj
 from .._tree import Topology, Tree, TreeBatch
 from ..likelihood._api import PRECISIONS, max_step_width
 from .._schedule import phase_widths
+from .._sharding import place_batch, place_data
 from ..models import PartitionedModel, part_alignments
 from ._fit import MLResult
 from ._nni import nni_scores
@@ -201,7 +202,7 @@ def _resampled(alignment: Alignment, columns: np.ndarray) -> Alignment:
 
 
 def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, seed: int = 0, settings=None,
-              precision: str = "float64", progress=None, checkpoint=None, stop=NEVER
+              precision: str = "float64", progress=None, checkpoint=None, stop=NEVER, mesh=None
               ) -> tuple[dict[frozenset, float], list[Tree]]:
     """Bootstrap support (percent) of every split of the ML tree, and the replicate trees.
 
@@ -212,7 +213,9 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     inputs is continued; `stop` is read before every NNI round (then the
     finished batches and the climb in progress are saved, and `Interrupted`).
     The batches are fixed by `replicates` alone, so an interrupted and
-    resumed bootstrap gives the trees an uninterrupted one gives.
+    resumed bootstrap gives the trees an uninterrupted one gives. `mesh`
+    spreads the replicates over its `batch` axis and the patterns over
+    `patterns`, as in `search`.
     """
     from ._search import Climb, SearchSettings, kernel_batch, search_data, searched_result
 
@@ -238,8 +241,8 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
         where = f"after {len(done)} of {replicates} replicates"
         stop_point(stop, save, checkpoint, where)
         climb = Climb(**climb) if climb is not None else _replicate_starts(resampling, result, rows, settings,
-                                                                           precision)
-        problem = _replicate_problem(resampling, result, rows, settings, precision)
+                                                                           precision, mesh)
+        problem = _replicate_problem(resampling, result, rows, settings, precision, mesh)
         while not climb.done:
             stop_point(stop, save, checkpoint, where)
             climb.step(lambda _: problem, settings, (lambda best: progress(best)) if progress else None)
@@ -253,7 +256,7 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     return supports, trees
 
 
-def _replicate_problem(resampling: Resampling, result, columns, settings, precision):
+def _replicate_problem(resampling: Resampling, result, columns, settings, precision, mesh=None):
     """The search problem of one batch of resampled site sets: one row of pattern counts per replicate."""
     from ._search import Problem, search_data, search_template
 
@@ -261,12 +264,15 @@ def _replicate_problem(resampling: Resampling, result, columns, settings, precis
     counts = resampling.counts(columns)
     model = search_template(result.model)
     data = search_data(alignment, TreeBatch(None, None, tuple(alignment.taxa)), model)  # alignment's order
+    data = place_data(data, mesh)
+    counts = np.pad(counts, ((0, 0), (0, data.weights.shape[0] - counts.shape[1])))  # the mesh's padding: weight 0
     dtype = PRECISIONS[precision]
     widths = phase_widths(len(alignment.taxa), max_step_width(model, data, dtype, 2 * len(columns)))
-    return Problem(model, data, jnp.asarray(counts, dtype), widths, dtype, settings.lengths_method)
+    return Problem(model, data, place_batch(counts.astype(dtype), mesh), widths, dtype, settings.lengths_method,
+                   mesh)
 
 
-def _replicate_starts(resampling: Resampling, result, columns, settings, precision):
+def _replicate_starts(resampling: Resampling, result, columns, settings, precision, mesh=None):
     """Each replicate's BIONJ tree with branch lengths fitted to its columns, as a climb (NNIs only) to run."""
     from ._search import Climb, kernel_batch, optimise_lengths, search_lengths
 
@@ -275,7 +281,8 @@ def _replicate_starts(resampling: Resampling, result, columns, settings, precisi
         tree = bionj(distances(resampling.alignment_of(row), saturated=5.0), alignment.taxa)
         starts.append(tree.with_branch_lengths(np.clip(np.asarray(tree.branch_lengths, float), 1e-3, 1.0)))
     batch = kernel_batch(starts)
-    problem = _replicate_problem(resampling, result, columns, settings, precision)
-    lengths, log_l = optimise_lengths(batch.parents, search_lengths(batch.branch_lengths, problem.model),
-                                      fixed_branches(batch.parents), problem)
-    return Climb(batch.parents, lengths, log_l, spr=False)
+    problem = _replicate_problem(resampling, result, columns, settings, precision, mesh)
+    parents = place_batch(batch.parents, mesh)
+    lengths = place_batch(search_lengths(batch.branch_lengths, problem.model), mesh)
+    lengths, log_l = optimise_lengths(parents, lengths, fixed_branches(parents), problem)
+    return Climb(parents, lengths, log_l, spr=False)

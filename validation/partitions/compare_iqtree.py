@@ -1,12 +1,14 @@
-"""Partitioned ML beside IQ-TREE 2: fits on a fixed topology (-p, -q, -Q with -te) and a -p tree search.
+"""Partitioned ML beside IQ-TREE 2: fits on a fixed topology (-p, -q, -Q with -te) and -p and -Q tree searches.
 
 Data: the built-in example split in two genes (HKY+G4 on sites 1-300, GTR+F+I on 301-600), and a simulated
 two-gene set (10 taxa; HKY+G4 on 600 sites, JC at three times the rate on 600 more). Fits: `ml.fit` against
 `iqtree2 -p|-q|-Q FILE -te TREE`. Search: `ml.search` (BIONJ start, patience 4, batch 2; its time includes
-compilation: one call per process) against `iqtree2 -p FILE` (default search), both with one thread, in the
-same run. Writes results.json beside this script; takes a few minutes.
+compilation: one call per process) against `iqtree2 -p|-Q FILE` (default search), both with one thread, in
+the same run; for -Q also each part's tree length, ours and IQ-TREE's (`.parttrees`). Writes results.json beside this script; takes a few minutes.
 
     python validation/partitions/compare_iqtree.py
+
+A third search runs on real data: `../shared/data/primates_mtDNA` split by codon position (-Q).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from jaxphylo import ml
 
 jax.config.update("jax_enable_x64", True)
 HERE = Path(__file__).resolve().parent
+DATA = HERE.parents[2] / "shared" / "data"  # ../shared/data beside the checkout
 LINKS = {"-p": "proportional", "-q": "equal", "-Q": "unlinked"}
 
 
@@ -72,19 +75,29 @@ def fits(name, alignment_path, tree_path, partition, folder) -> dict:
     return rows
 
 
-def search(alignment_path, truth_path, partition, folder) -> dict:
-    alignment, truth = jp.read_alignment(alignment_path), jp.read_tree(truth_path)
+def search(alignment_path, truth_path, partition, folder, flag="-p") -> dict:
+    alignment = jp.read_alignment(alignment_path)
+    truth = jp.read_tree(truth_path) if truth_path else None
     start = time.perf_counter()
-    ours = ml.search(alignment, jp.partitioned_model(jp.read_partitions(partition), alignment),
+    ours = ml.search(alignment, jp.partitioned_model(jp.read_partitions(partition), alignment, link=LINKS[flag]),
                      settings=ml.SearchSettings(patience=4, batch=2), seed=1)
     seconds = time.perf_counter() - start
-    theirs, their_seconds = iqtree(["-s", str(alignment_path), "-p", str(partition)], folder / "search")
-    their_tree = jp.read_tree(folder / "search.treefile")
-    return {"ours": {"log_likelihood": round(ours.log_likelihood, 4), "seconds": round(seconds, 2),
-                     "rf_to_truth": ml.robinson_foulds(ours.tree, truth), "part_rates": ours.parameters["part_rates"]},
-            "iqtree": {"log_likelihood": theirs, "seconds": round(their_seconds, 2),
-                       "rf_to_truth": ml.robinson_foulds(their_tree, truth)},
-            "seconds_ratio_ours_over_iqtree": round(seconds / their_seconds, 2)}
+    theirs, their_seconds = iqtree(["-s", str(alignment_path), flag, str(partition)], folder / f"search{flag[1]}")
+    their_tree = jp.read_tree(folder / f"search{flag[1]}.treefile")
+    row = {"ours": {"log_likelihood": round(ours.log_likelihood, 4), "seconds": round(seconds, 2),
+                    "rf_to_truth": truth and ml.robinson_foulds(ours.tree, truth), "rf_to_iqtree": ml.robinson_foulds(
+                        ours.tree, their_tree)},
+           "iqtree": {"log_likelihood": theirs, "seconds": round(their_seconds, 2),
+                      "rf_to_truth": truth and ml.robinson_foulds(their_tree, truth)},
+           "seconds_ratio_ours_over_iqtree": round(seconds / their_seconds, 2)}
+    if flag == "-p":
+        row["ours"]["part_rates"] = ours.parameters["part_rates"]
+    else:  # every part's tree length
+        row["ours"]["part_tree_lengths"] = np.round(np.asarray(ours.model.branch_lengths).sum(1), 4).tolist()
+        their_parts = (folder / f"search{flag[1]}.parttrees").read_text().split(";")
+        row["iqtree"]["part_tree_lengths"] = [round(float(np.sum(jp.parse_newick(t + ";").branch_lengths)), 4)
+                                              for t in their_parts if t.strip()]
+    return row
 
 
 def main() -> None:
@@ -99,7 +112,16 @@ def main() -> None:
         alignment, truth, partition = simulated(folder)
         results["fits_simulated"] = fits("simulated", alignment, truth, partition, folder)
         results["search_simulated"] = search(alignment, truth, partition, folder)
-    print(json.dumps(results["search_simulated"], indent=1))
+        results["search_simulated_Q"] = search(alignment, truth, partition, folder, "-Q")
+        # Real data: primates mtDNA (12 taxa, 898 sites) by codon position, HKY+G4 each, unlinked lengths.
+        positions = folder / "positions.nex"
+        positions.write_text("#nexus\nbegin sets;\ncharset pos1 = 1-898\\3;\ncharset pos2 = 2-898\\3;\n"
+                             "charset pos3 = 3-898\\3;\ncharpartition m = HKY+G4:pos1, HKY+G4:pos2, HKY+G4:pos3;\n"
+                             "end;\n")
+        results["search_primates_Q"] = search(DATA / "primates_mtDNA" / "alignment.fasta", None, positions, folder,
+                                               "-Q")
+    searches = ("search_simulated", "search_simulated_Q", "search_primates_Q")
+    print(json.dumps({k: results[k] for k in searches}, indent=1))
     (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
