@@ -101,6 +101,13 @@ def search(alignment_path, truth_path, partition, folder, flag="-p") -> dict:
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=str(DATA), help="folder of the data sets (default ../shared/data)")
+    parser.add_argument("--out", default=str(HERE / "results.json"), help="(results-gpu.json: on the H100 machine)")
+    parser.add_argument("--searches-only", action="store_true", help="the -p/-Q searches, not the fits")
+    args = parser.parse_args()
     version = subprocess.run(["iqtree2", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     results = {"machine": {"platform": platform.platform(), "jax_backend": jax.default_backend(),
                            "device": str(jax.devices()[0]), "iqtree": version}}
@@ -108,9 +115,10 @@ def main() -> None:
         folder = Path(tmp)
         example_alignment, example_tree = jp.example_paths()
         example = write_partition(folder / "example.nex", "HKY+G4:g1, GTR+F+I:g2", 300, 600)
-        results["fits_example"] = fits("example", example_alignment, example_tree, example, folder)
         alignment, truth, partition = simulated(folder)
-        results["fits_simulated"] = fits("simulated", alignment, truth, partition, folder)
+        if not args.searches_only:
+            results["fits_example"] = fits("example", example_alignment, example_tree, example, folder)
+            results["fits_simulated"] = fits("simulated", alignment, truth, partition, folder)
         results["search_simulated"] = search(alignment, truth, partition, folder)
         results["search_simulated_Q"] = search(alignment, truth, partition, folder, "-Q")
         # Real data: primates mtDNA (12 taxa, 898 sites) by codon position, HKY+G4 each, unlinked lengths.
@@ -118,11 +126,12 @@ def main() -> None:
         positions.write_text("#nexus\nbegin sets;\ncharset pos1 = 1-898\\3;\ncharset pos2 = 2-898\\3;\n"
                              "charset pos3 = 3-898\\3;\ncharpartition m = HKY+G4:pos1, HKY+G4:pos2, HKY+G4:pos3;\n"
                              "end;\n")
-        results["search_primates_Q"] = search(DATA / "primates_mtDNA" / "alignment.fasta", None, positions, folder,
+        results["search_primates_Q"] = search(Path(args.data) / "primates_mtDNA" / "alignment.fasta", None, positions,
+                                               folder,
                                                "-Q")
     searches = ("search_simulated", "search_simulated_Q", "search_primates_Q")
     print(json.dumps({k: results[k] for k in searches}, indent=1))
-    (HERE / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
