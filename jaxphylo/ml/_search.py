@@ -138,6 +138,7 @@ def optimise_lengths(parents, lengths, fixed, problem: Problem, tolerance: float
     costs a launch latency and Newton needs far fewer passes (see
     benchmarks/results/ml_search-*.json).
     """
+    tolerance = jnp.asarray(tolerance, lengths.dtype)  # traced: the start's 1e-3 and the search's 0.01 share a program
     method = problem.lengths_method
     if method == "auto":
         method = "lbfgs" if jax.default_backend() == "cpu" else "newton"
