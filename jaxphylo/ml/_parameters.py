@@ -84,8 +84,11 @@ class ModelCoordinates(eqx.Module):
         shapes = [name for name in own if name.rsplit(".", 1)[-1] == "gamma_shape"]  # a partitioned model's too
         if not shapes:
             return [own]
-        second = biject_to(constraints.positive).inv(jnp.asarray(SECOND_SHAPE_START))
-        return [own, dict(own, **{name: second for name in shapes})]
+        # Typed like the first start's (not weakly typed, as a Python float would make it): the fits from both
+        # starts then run one compiled program instead of two.
+        second = {name: biject_to(constraints.positive).inv(jnp.asarray(SECOND_SHAPE_START, own[name].dtype))
+                  for name in shapes}
+        return [own, dict(own, **second)]
 
     def model(self, unconstrained: dict) -> Model:
         """The template with every free parameter replaced by the image of its coordinates (scale kept, see module)."""
