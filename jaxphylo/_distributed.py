@@ -31,16 +31,21 @@ def join_processes() -> None:
     import jax
 
     given = {name: os.environ.get(name) for name in ENVIRONMENT}
-    if given["JAXPHYLO_COORDINATOR"] is None:
-        jax.distributed.initialize()
-        return
+    where = {}
+    if given["JAXPHYLO_COORDINATOR"] is not None:
+        try:
+            where = {"coordinator_address": given["JAXPHYLO_COORDINATOR"],
+                     "num_processes": int(given["JAXPHYLO_NUM_PROCESSES"]),
+                     "process_id": int(given["JAXPHYLO_PROCESS_ID"])}
+        except (TypeError, ValueError):
+            raise InputError("JAXPHYLO_COORDINATOR needs JAXPHYLO_NUM_PROCESSES and JAXPHYLO_PROCESS_ID "
+                             "(whole numbers) beside it") from None
     try:
-        count, index = int(given["JAXPHYLO_NUM_PROCESSES"]), int(given["JAXPHYLO_PROCESS_ID"])
-    except (TypeError, ValueError):
-        raise InputError("JAXPHYLO_COORDINATOR needs JAXPHYLO_NUM_PROCESSES and JAXPHYLO_PROCESS_ID "
-                         "(whole numbers) beside it") from None
-    jax.distributed.initialize(coordinator_address=given["JAXPHYLO_COORDINATOR"], num_processes=count,
-                               process_id=index)
+        jax.distributed.initialize(**where)
+    except (ValueError, RuntimeError) as err:  # no cluster found, or the coordinator cannot be reached
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"--distributed: {first} (outside Slurm and Open MPI set JAXPHYLO_COORDINATOR=host:port, "
+                         f"JAXPHYLO_NUM_PROCESSES and JAXPHYLO_PROCESS_ID)") from None
 
 
 def output_target(args) -> str | None:

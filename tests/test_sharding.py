@@ -214,3 +214,17 @@ def test_env_command_prints_devices_versions_and_mesh(capsys, tmp_path):
     for text in ("JAX ", "jaxlib ", "CUDA: ", "float64: on", "processes: index 0 of 1", "devices: ", "free of",
                  "mesh: batch=1 x patterns=", "3 taxa x 6 patterns"):
         assert text in out, (text, out)
+
+
+def test_distributed_without_a_cluster_is_one_line(monkeypatch, capsys):
+    """`jaxphylo --distributed` where no cluster can be found, or with half the settings: exit 2, one line."""
+    from jaxphylo import cli
+
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "OMPI_", "PMI_", "JAXPHYLO_")):
+            monkeypatch.delenv(name)
+    assert cli.main(["--distributed", "env"]) == 2
+    monkeypatch.setenv("JAXPHYLO_COORDINATOR", "127.0.0.1:1")
+    assert cli.main(["--distributed", "env"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "JAXPHYLO_COORDINATOR" in lines[0] and "JAXPHYLO_PROCESS_ID" in lines[1], lines
