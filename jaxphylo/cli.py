@@ -512,7 +512,10 @@ def main(argv=None) -> int:
         # Signals are caught from the start, so a kill announced during start-up or compilation
         # is answered at the first iteration, saved, instead of losing the process.
         long_run = hasattr(args, "max_time")
-        stops = StopRequests(parse_duration(args.max_time), ignore_after=True) if long_run else nullcontext(NEVER)
+        # Run as the program (argv None: the process's own command line, which ends when this returns), a
+        # finished run ignores a stop that arrives while the process exits; called from Python, nothing changes.
+        stops = StopRequests(parse_duration(args.max_time), ignore_after=argv is None) if long_run else \
+            nullcontext(NEVER)
         with stops as args.stop:
             args.run(args)
     except Interrupted as err:
