@@ -131,15 +131,20 @@ def replicate(pytree, mesh: Mesh):
     cannot enter a computation over other processes' devices.
     """
     sharding = NamedSharding(mesh, PartitionSpec())
+    return jax.tree_util.tree_map(lambda leaf: _put(leaf, sharding), pytree)
 
-    def copy(leaf):
-        if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, (np.ndarray, jax.Array)):
-            return leaf
-        if isinstance(leaf, jax.Array) and leaf.sharding == sharding:
-            return leaf
-        return _place(leaf, sharding)
 
-    return jax.tree_util.tree_map(copy, pytree)
+def _put(leaf, sharding: NamedSharding):
+    """One leaf with `sharding`: tracers and non-arrays as they are, an array already so placed unchanged,
+    a global array (spanning other processes) re-laid out on the devices, anything else placed from the host."""
+    if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, (np.ndarray, jax.Array)):
+        return leaf
+    if isinstance(leaf, jax.Array):
+        if leaf.sharding == sharding:
+            return leaf
+        if not leaf.is_fully_addressable:
+            return jax.device_put(leaf, sharding)
+    return _place(leaf, sharding)
 
 
 def padded_pattern_count(num_patterns: int, mesh: Mesh) -> int:
@@ -299,13 +304,8 @@ def place_batch(x, mesh: Mesh | None):
     rows = mesh.shape["batch"]
 
     def place(leaf):
-        if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, (np.ndarray, jax.Array)):
-            return leaf
-        spec = PartitionSpec("batch") if np.ndim(leaf) and np.shape(leaf)[0] % rows == 0 else PartitionSpec()
-        sharding = NamedSharding(mesh, spec)
-        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:  # already global: re-laid out on devices
-            return leaf if leaf.sharding == sharding else jax.device_put(leaf, sharding)
-        return _place(leaf, sharding)
+        split = np.ndim(leaf) and np.shape(leaf)[0] % rows == 0
+        return _put(leaf, NamedSharding(mesh, PartitionSpec("batch") if split else PartitionSpec()))
 
     return jax.tree_util.tree_map(place, x)
 

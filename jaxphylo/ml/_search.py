@@ -498,8 +498,7 @@ class _SearchRun:
         self.key, self.failures, self.trace = jax.random.PRNGKey(seed), 0, []
 
     def problem_of(self, b: int) -> Problem:
-        weights = place_batch(np.broadcast_to(np.asarray(self.data.weights), (b, self.data.weights.shape[0])),
-                              self.mesh)
+        weights = place_batch(jnp.broadcast_to(self.data.weights, (b, self.data.weights.shape[0])), self.mesh)
         return Problem(self.model, self.data, weights, self.widths, self.dtype, self.settings.lengths_method,
                        self.mesh)
 

@@ -268,8 +268,8 @@ def _replicate_problem(resampling: Resampling, result, columns, settings, precis
     counts = np.pad(counts, ((0, 0), (0, data.weights.shape[0] - counts.shape[1])))  # the mesh's padding: weight 0
     dtype = PRECISIONS[precision]
     widths = phase_widths(len(alignment.taxa), max_step_width(model, data, dtype, 2 * len(columns)))
-    return Problem(model, data, place_batch(counts.astype(dtype), mesh), widths, dtype, settings.lengths_method,
-                   mesh)
+    return Problem(model, data, place_batch(jnp.asarray(counts, dtype), mesh), widths, dtype,
+                   settings.lengths_method, mesh)
 
 
 def _replicate_starts(resampling: Resampling, result, columns, settings, precision, mesh=None):
