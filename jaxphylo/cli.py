@@ -7,6 +7,7 @@ import hashlib
 import sys
 from contextlib import nullcontext
 
+from ._cli_dated import add_free_topology_options, run_free_topology, wants_free_topology
 from ._cli_env import add_env_command, add_mesh_options, mesh_choice
 from ._cli_mcmc import add_mcmc_command
 from ._cli_models import add_models_command
@@ -116,10 +117,13 @@ def _sample(args) -> None:
     from jaxphylo.inference._runner import chunk_program, progress_printer, run_nuts
     from jaxphylo._sharding import place_data
 
+    if not args.example and not args.alignment:
+        raise JaxphyloError("sample needs ALIGNMENT [TREE] (or --example)")
+    if wants_free_topology(args):
+        run_free_topology(args)
+        return
     if args.example:
         alignment_path, tree_path = _example_paths()
-    elif not (args.alignment and args.tree):
-        raise JaxphyloError("sample needs ALIGNMENT TREE (or --example)")
     else:
         alignment_path, tree_path = args.alignment, args.tree
     partitions, link = partition_choice(args) or (None, "proportional")
@@ -400,9 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
                                              "mean of 1; default all 1)")
     loglik.set_defaults(run=_loglik)
 
-    sample = commands.add_parser("sample", help="Bayesian inference with NUTS on a fixed topology")
+    sample = commands.add_parser("sample", help="Bayesian inference: NUTS on a fixed topology, or a time tree with "
+                                                "the topology sampled (--topology free)")
     sample.add_argument("alignment", nargs="?", help="FASTA, PHYLIP or NEXUS alignment")
-    sample.add_argument("tree", nargs="?", help="Newick or NEXUS tree: the fixed topology and the starting values")
+    sample.add_argument("tree", nargs="?", help="Newick or NEXUS tree: the fixed topology and the starting values "
+                                                "(with --topology free: the start)")
     sample.add_argument("--model", "-m", default="HKY+G4", help="model string (default HKY+G4); values in braces are fixed")
     sample.add_argument("--clock", choices=("strict", "relaxed"), default=None,
                         help="a rooted time tree with this clock (default: unrooted tree, free branch lengths)")
@@ -431,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--genetic-code", type=int, default=1)
     sample.add_argument("--no-progress", action="store_true", help="no progress bars")
     sample.add_argument("--example", action="store_true", help="the built-in example (16 taxa, 600 sites)")
+    add_free_topology_options(sample)
     add_partition_options(sample, "partitions with unlinked branch lengths (each part its own; no --clock)")
     add_mesh_options(sample, "none: the chains run in parallel, one per device, or vectorized on one; with "
                              "--mesh or --devices the patterns are split over the devices instead")

@@ -42,16 +42,31 @@ def hmc_proposal(key, posterior, up: Int[Array, "B M"], edge: Float[Array, "B M 
         log_edge, u = theta
         lengths = jnp.where(valid, jnp.exp(log_edge), 0.0)
         value = beta * (posterior.log_likelihoods(up, lengths, root, u) + posterior.log_priors(up, lengths, u))
-        per_chain = value + per_chain_sum(jnp.where(valid, log_edge, 0.0))
-        return jnp.sum(per_chain), per_chain
+        return value + per_chain_sum(jnp.where(valid, log_edge, 0.0))
 
-    gradient = jax.grad(lambda theta: log_target(theta)[0])
-    k_momentum, k_jitter = jax.random.split(key)
     theta = (jnp.log(jnp.where(valid, edge, 1.0)), params)
+    (log_edge, new_params), log_q = leapfrog_trajectory(key, log_target, theta, (valid, None), step_size, steps)
+    new_edge = jnp.where(valid, jnp.exp(log_edge), 0.0)
+    log_q = log_q + per_chain_sum(jnp.where(valid, log_edge - theta[0], 0.0))  # the edges' Jacobian, untempered
+    return new_edge, new_params, jnp.where(jnp.isfinite(log_q), log_q, -jnp.inf)
+
+
+def leapfrog_trajectory(key, log_target, theta, movable, step_size: Float[Array, " B"], steps: int):
+    """`steps` leapfrog steps of every chain from `theta` (leaves `[B, ...]`) under `log_target(theta) -> [B]`.
+
+    Momenta are standard normal, zero where `movable` (a pytree prefix of
+    `theta`: a mask, or None for all) is False. Returns `(theta', |rho|^2 / 2 -
+    |rho'|^2 / 2)`: with `log_target`'s own change, the log acceptance ratio.
+    Gradients come from one value-and-gradient of the whole batch per step.
+    """
+    gradient = jax.grad(lambda t: jnp.sum(log_target(t)))
+    k_momentum, k_jitter = jax.random.split(key)
     leaves, tree = jax.tree.flatten(theta)
     noise = [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(jax.random.split(k_momentum, len(leaves)), leaves)]
-    momentum = jax.tree.unflatten(tree, noise)
-    momentum = (jnp.where(valid, momentum[0], 0.0), momentum[1])  # nothing moves the unused entries
+    masks = jax.tree.flatten(jax.tree.map(lambda mask, sub: jax.tree.map(lambda _: mask, sub), movable, theta,
+                                          is_leaf=lambda x: x is None), is_leaf=lambda x: x is None)[0]
+    momentum = jax.tree.unflatten(tree, [r if mask is None else jnp.where(mask, r, 0.0)
+                                         for r, mask in zip(noise, masks)])  # nothing moves the masked entries
     eps = step_size * jax.random.uniform(k_jitter, step_size.shape, minval=0.8, maxval=1.2)
 
     def scaled(x):  # eps per chain, broadcast over the rest of a leaf
@@ -70,10 +85,7 @@ def hmc_proposal(key, posterior, up: Int[Array, "B M"], edge: Float[Array, "B M 
 
     start_kinetic = _kinetic(momentum)
     new_theta, new_momentum, _ = jax.lax.fori_loop(0, steps, leapfrog, (theta, momentum, gradient(theta)))
-    log_edge, new_params = new_theta
-    new_edge = jnp.where(valid, jnp.exp(log_edge), 0.0)
-    log_q = per_chain_sum(jnp.where(valid, log_edge - theta[0], 0.0)) + start_kinetic - _kinetic(new_momentum)
-    return new_edge, new_params, jnp.where(jnp.isfinite(log_q), log_q, -jnp.inf)
+    return new_theta, start_kinetic - _kinetic(new_momentum)
 
 
 def _kinetic(momentum) -> Float[Array, " B"]:

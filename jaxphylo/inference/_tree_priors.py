@@ -157,14 +157,23 @@ def _require_binary(tree: TimeTree, what: str) -> None:
 
 def coalescent_log_density(tree: TimeTree, heights, log_population_sizes, grid=(), tips: TipHeights = None):
     """Log density of the node heights under the coalescent with `log theta = log_population_sizes[j]`
-    between grid points `grid[j-1]` and `grid[j]` (one size and no grid: constant).
+    between grid points `grid[j-1]` and `grid[j]` (one size and no grid: constant). See
+    `coalescent_times_log_density`."""
+    return coalescent_times_log_density(all_heights(tree, heights, tips), tree.num_tips, log_population_sizes, grid)
+
+
+def coalescent_times_log_density(node_heights: Float[Array, " nodes"], num_tips: int, log_population_sizes,
+                                 grid=()) -> Float[Array, ""]:
+    """The coalescent's log density of a labelled history with heights `node_heights` (tips first).
 
     Every sampling, coalescent and grid event is sorted once by time; between consecutive
     events `k` lineages coalesce at rate `C(k, 2) / theta`, and each coalescence adds `-log theta`.
+    The topology does not enter: every labelled history with these times is equally likely.
     """
     grid = np.asarray(grid, float)
-    times = jnp.concatenate([all_heights(tree, heights, tips), jnp.asarray(grid, heights.dtype)])
-    change = np.concatenate([np.ones(tree.num_tips), -np.ones(tree.num_internal), np.zeros(len(grid))])
+    times = jnp.concatenate([node_heights, jnp.asarray(grid, node_heights.dtype)])
+    internal = node_heights.shape[-1] - num_tips
+    change = np.concatenate([np.ones(num_tips), -np.ones(internal), np.zeros(len(grid))])
     order = jnp.argsort(times)  # an integer order: `times[order]` carries the gradient
     times, change = times[order], jnp.asarray(change)[order]
     lineages = jnp.cumsum(change)[:-1]

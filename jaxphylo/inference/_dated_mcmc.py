@@ -1,0 +1,347 @@
+"""Time-tree MCMC with the topology free: BEAST's tree operators alternated with HMC, every chain on the device.
+
+The state of every chain (`DatedState`) is a rooted time tree as arrays
+(`parents [M]`, `heights [M]`, see `_time_tree_moves`) and the continuous
+parameters in unconstrained coordinates: the clock rate (`log`), the
+relaxed clock's spread (`log`) and per-branch normal deviates `z` (the branch
+above node `v` has rate `mu exp(s z_v - s^2 / 2)`), the coalescent's
+population size (`log`) or skygrid (first log size, log precision, steps),
+and the substitution model's free parameters (`ModelCoordinates`).
+
+One generation either proposes a tree move for every chain (drawn per chain
+with the weights of `DatedSettings.moves`: narrow and wide exchange, subtree
+slide, Wilson-Balding, node height, root height), scores every proposed tree
+in one batched likelihood call and accepts or rejects each, or (with
+probability `weights["hmc"] / sum(weights)`, one draw for all chains) moves
+every continuous parameter of every chain by HMC with the topology fixed, as
+BEAST X alternates its HMC and topology kernels.
+
+HMC moves node heights in the ratio coordinates of the current topology
+(`ratio_coordinates`): `z_root = log(h_root - l_root)` and
+`z_i = logit((h_i - l_i) / (h_parent(i) - l_i))`, `l_i` the oldest tip
+below `i` (Ji et al. 2021), with log-Jacobian
+
+    log |dh/dz| = z_root + sum_(i not root) [log(h_parent(i) - l_i) + log r_i + log(1 - r_i)].
+
+Priors (those of `jaxphylo sample` for dated trees): the coalescent on the
+node heights (constant size with the 1/N prior, or a skygrid with a
+Gaussian random walk on the log sizes and a Gamma(0.001, 0.001) precision),
+the clock rate Gamma(0.5, 1 / sum of branch durations) (a CTMC-reference-like
+prior), the relaxed clock's spread Exponential(3), and the model parameters'
+priors of `sample` (`_model_priors`). Every density of a parameter is in its
+unconstrained coordinate, Jacobian included, so a tree move's acceptance is
+`dlog L + dlog prior + log q` and HMC's target is `log L + log prior + log |dh/dz|`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.special import gammaln
+from jaxtyping import Array, Float, Int
+from numpyro.infer.util import potential_energy
+
+from .._errors import InputError
+from ..likelihood._api import _batch_pattern_log_likelihoods
+from ..ml._parameters import ModelCoordinates
+from ._hmc_move import HMC_START_STEP, HMC_TARGET_ACCEPTANCE, leapfrog_trajectory
+from ._model_priors import sample_model
+from ._time_tree_moves import ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, ancestors_of, propose_time_tree
+from ._tree_priors import coalescent_times_log_density
+
+DATED_MOVES = TIME_TREE_MOVES + ("hmc",)
+# BEAST 1.10's default operator weights for a time tree (uniform 30 halved: HMC moves the heights too)
+DEFAULT_DATED_MOVES = {"narrow_exchange": 15.0, "wide_exchange": 3.0, "subtree_slide": 15.0, "wilson_balding": 3.0,
+                       "node_height": 15.0, "root_height": 3.0, "hmc": 3.0}
+TARGET_ACCEPTANCE = 0.3
+RATE_SPREAD_PRIOR = 3.0  # Exponential(3) on the relaxed clock's log-normal sd, as `sample`'s
+
+
+@dataclass(frozen=True)
+class DatedSettings:
+    chains: int = 2
+    generations: int = 100_000
+    sample_every: int = 100
+    tune: int | None = None  # generations of tuning (default a tenth of `generations`)
+    block: int = 50  # samples per device call (a checkpoint after each)
+    moves: tuple = tuple(DEFAULT_DATED_MOVES.items())  # (name, weight) pairs; a dict is accepted
+    hmc_steps: int = 10
+
+    def __post_init__(self):
+        object.__setattr__(self, "moves", tuple(dict(self.moves).items()))
+        for name in ("chains", "generations", "sample_every", "block", "hmc_steps"):
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"setting {name} must be at least 1, got {getattr(self, name)}")
+        if unknown := sorted(set(dict(self.moves)) - set(DATED_MOVES)):
+            raise InputError(f"unknown move {unknown[0]!r}: moves are {', '.join(DATED_MOVES)}")
+        if any(w < 0 for _, w in self.moves) or sum(w for _, w in self.moves) <= 0:
+            raise InputError("move weights must be non-negative and not all zero")
+
+    @property
+    def tune_generations(self) -> int:
+        return self.generations // 10 if self.tune is None else int(self.tune)
+
+    def weights(self) -> Float[Array, " moves"]:
+        return jnp.asarray([dict(self.moves).get(name, 0.0) for name in DATED_MOVES])
+
+
+def node_anchors(parents: Int[Array, "M"], tip_heights: Float[Array, " tips"]) -> Float[Array, "M"]:  # noqa: F821
+    """`l_v`: the oldest tip height below every node (a tip's own), from each tip's ancestors."""
+    n = tip_heights.shape[0]
+    above = jax.vmap(ancestors_of, in_axes=(None, 0))(parents, jnp.arange(n))  # [tips, M]
+    return jnp.max(jnp.where(above, tip_heights[:, None], -jnp.inf), axis=0)
+
+
+def ratio_heights(parents: Int[Array, "M"], anchors: Float[Array, "M"], z: Float[Array, "M"], num_tips: int):
+    """Node heights from ratio coordinates `z` (tips' entries unused): `h = l + u`, `u_root = exp(z_root)`,
+    `u_i = r_i (u_parent + l_parent - l_i)`, composed up to the root by pointer jumping."""
+    m = parents.shape[0]
+    node = jnp.arange(m)
+    is_root, is_tip = parents < 0, node < num_tips
+    jump = jnp.where(is_root, node, parents)
+    r = jax.nn.sigmoid(z)
+    scale = jnp.where(is_tip, 0.0, jnp.where(is_root, 1.0, r))
+    shift = jnp.where(is_tip | is_root, 0.0, r * (anchors[jump] - anchors))
+    for _ in range(max(1, (m - 1).bit_length())):
+        shift = scale * shift[jump] + shift
+        scale = scale * scale[jump]
+        jump = jump[jump]
+    return anchors + scale * jnp.exp(z[jnp.argmin(parents)]) + shift
+
+
+def ratio_coordinates(parents: Int[Array, "M"], anchors: Float[Array, "M"], heights: Float[Array, "M"],
+                      num_tips: int) -> Float[Array, "M"]:
+    """The inverse of `ratio_heights` (tips' entries 0)."""
+    node = jnp.arange(parents.shape[0])
+    root = jnp.argmin(parents)
+    above = heights[jnp.maximum(parents, 0)]
+    z = jax.scipy.special.logit((heights - anchors) / (above - anchors))
+    z = jnp.where(node < num_tips, 0.0, z)
+    return z.at[root].set(jnp.log(heights[root] - anchors[root]))
+
+
+def ratio_log_jacobian(parents, anchors, heights, z, num_tips: int) -> Float[Array, ""]:
+    node = jnp.arange(parents.shape[0])
+    inner = (node >= num_tips) & (parents >= 0)
+    above = heights[jnp.maximum(parents, 0)]
+    terms = jnp.log(above - anchors) + jax.nn.log_sigmoid(z) + jax.nn.log_sigmoid(-z)
+    return jnp.sum(jnp.where(inner, terms, 0.0)) + z[jnp.argmin(parents)]
+
+
+class DatedState(eqx.Module):
+    """Every chain's state, `[B]` leading."""
+
+    parents: jax.Array  # [B, M]
+    heights: jax.Array  # [B, M]
+    params: dict  # unconstrained, [B, ...] each
+    log_likelihood: jax.Array  # [B]
+    log_prior: jax.Array  # [B]
+    tunings: jax.Array  # [B, 3]: subtree-slide window, root multiplier's lambda, HMC step size
+    proposed: jax.Array  # [B, moves]
+    accepted: jax.Array
+    generation: jax.Array
+    key: jax.Array
+
+
+class DatedPosterior(eqx.Module):
+    """The log posterior of time trees: data, model, tip heights, clock and tree prior."""
+
+    data: object
+    coordinates: ModelCoordinates
+    tip_heights: jax.Array  # [N] the start's (fixed tips stay there)
+    free_tips: jax.Array  # [F] tips whose heights are sampled, uniform within `tip_bounds` [2, F]
+    tip_bounds: jax.Array
+    widths: tuple = eqx.field(static=True)
+    dtype: object = eqx.field(static=True)
+    num_tips: int = eqx.field(static=True)
+    clock: str = eqx.field(static=True)  # "strict", "relaxed", or "none" (undated: rate 1)
+    tree_prior: str = eqx.field(static=True)  # "coalescent" or "skygrid"
+    grid: tuple = eqx.field(static=True, default=())  # skygrid grid points
+    population_size: float | None = eqx.field(static=True, default=None)  # fixed (else a parameter)
+    priors: object = None
+    prior_only: bool = eqx.field(static=True, default=False)
+
+    def branch_rates(self, params) -> Float[Array, "B M"] | Float[Array, "B 1"]:
+        if self.clock == "none":
+            return jnp.ones((1, 1), self.dtype)
+        rate = jnp.exp(params["log_clock_rate"])[:, None]
+        if self.clock == "strict":
+            return rate
+        spread = jnp.exp(params["log_rate_spread"])[:, None]
+        return rate * jnp.exp(spread * params["rate_z"] - spread**2 / 2)
+
+    def branch_lengths(self, parents, heights, params) -> Float[Array, "B M"]:
+        return self.branch_rates(params) * _durations(parents, heights)
+
+    def log_likelihoods(self, parents, heights, params) -> Float[Array, " B"]:
+        if self.prior_only:
+            return jnp.zeros(parents.shape[0], heights.dtype)
+        has_params = bool(jax.tree.leaves(params.get("model", {})))
+        models = jax.vmap(self.coordinates.model)(params["model"]) if has_params else self.coordinates.template
+        per = _batch_pattern_log_likelihoods(models, parents, self.branch_lengths(parents, heights, params),
+                                             self.data, self.widths, self.dtype, per_tree_models=has_params)
+        return jnp.sum(self.data.weights * per, axis=-1)
+
+    def log_priors(self, parents, heights, params) -> Float[Array, " B"]:
+        total = jax.vmap(self._tree_prior)(heights, params)
+        if self.clock != "none":
+            durations = jnp.sum(_durations(parents, heights), axis=-1)
+            log_rate = params["log_clock_rate"]  # Gamma(1/2, sum durations) in log coordinates
+            total += 0.5 * jnp.log(durations) - gammaln(0.5) + 0.5 * log_rate - durations * jnp.exp(log_rate)
+        if self.clock == "relaxed":
+            log_s = params["log_rate_spread"]
+            total += jnp.log(RATE_SPREAD_PRIOR) - RATE_SPREAD_PRIOR * jnp.exp(log_s) + log_s
+            z = jnp.where(parents >= 0, params["rate_z"], 0.0)
+            total += -0.5 * jnp.sum(z**2, -1) - 0.5 * np.log(2 * np.pi) * (parents.shape[1] - 1)
+        if jax.tree.leaves(params.get("model", {})):
+            args = (self.coordinates.template, self.coordinates.estimated, self.priors)
+            total -= jax.vmap(lambda u: potential_energy(sample_model, args, {}, u))(params["model"])
+        return total
+
+    def _tree_prior(self, heights, params):
+        """The coalescent's density of one chain's heights, plus its hyperparameters' priors (unconstrained)."""
+        if self.tree_prior == "coalescent":
+            log_size = jnp.log(self.population_size) if self.population_size else params["log_population_size"]
+            return coalescent_times_log_density(heights, self.num_tips, log_size[None])  # 1/N: flat in log N
+        precision = jnp.exp(params["log_skygrid_precision"])
+        steps = params["skygrid_steps"]
+        sizes = params["skygrid_first"] + jnp.concatenate([jnp.zeros(1), jnp.cumsum(steps)]) / jnp.sqrt(precision)
+        log_precision = params["log_skygrid_precision"]  # Gamma(0.001, 0.001) with its log Jacobian
+        log_gamma = 0.001 * jnp.log(0.001) - gammaln(0.001) + 0.001 * log_precision - 0.001 * precision
+        return (coalescent_times_log_density(heights, self.num_tips, sizes, self.grid) + log_gamma
+                - 0.5 * jnp.sum(steps**2) - 0.5 * np.log(2 * np.pi) * steps.shape[0])
+
+    def log_posteriors(self, parents, heights, params):
+        return self.log_likelihoods(parents, heights, params), self.log_priors(parents, heights, params)
+
+
+def _durations(parents, heights) -> Float[Array, "B M"]:
+    """Time along the branch above every node (0 for the root)."""
+    above = jnp.take_along_axis(heights, jnp.maximum(parents, 0), axis=-1)
+    return jnp.where(parents >= 0, above - heights, 0.0)
+
+
+def _where(mask, new, old):
+    return jax.tree.map(lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old)
+
+
+def hmc_move(key, state: DatedState, posterior: DatedPosterior, steps: int):
+    """Every chain's HMC proposal over node heights (ratio coordinates), sampled tip heights (logit within
+    their bounds: the anchors move with them) and parameters: `(heights, params, log q)`."""
+    n = posterior.num_tips
+    jacobian = jax.vmap(lambda p, a, h, z: ratio_log_jacobian(p, a, h, z, n))
+    anchors_of = jax.vmap(node_anchors)
+    internal = jnp.arange(state.parents.shape[1]) >= n
+    low, high = posterior.tip_bounds
+
+    def unpack(theta):
+        z, tip_z, params = theta
+        tips = state.heights[:, :n].at[:, posterior.free_tips].set(low + (high - low) * jax.nn.sigmoid(tip_z))
+        anchors = anchors_of(state.parents, tips)
+        heights = jax.vmap(lambda p, a, z: ratio_heights(p, a, z, n))(state.parents, anchors, z)
+        tip_jacobian = jnp.sum(jnp.log(high - low) + jax.nn.log_sigmoid(tip_z) + jax.nn.log_sigmoid(-tip_z), -1)
+        return heights, params, jacobian(state.parents, anchors, heights, z) + tip_jacobian
+
+    def log_target(theta):
+        heights, params, log_jacobian = unpack(theta)
+        return sum(posterior.log_posteriors(state.parents, heights, params)) + log_jacobian
+
+    anchors = anchors_of(state.parents, state.heights[:, :n])
+    z = jax.vmap(lambda p, a, h: ratio_coordinates(p, a, h, n))(state.parents, anchors, state.heights)
+    free = state.heights[:, posterior.free_tips]
+    theta = (z, jax.scipy.special.logit((free - low) / (high - low)), state.params)
+    new_theta, log_q = leapfrog_trajectory(key, log_target, theta, (internal, None, None), state.tunings[:, 2], steps)
+    heights, params, new_jacobian = unpack(new_theta)
+    log_q += new_jacobian - unpack(theta)[2]
+    return heights, params, jnp.where(jnp.isfinite(log_q), log_q, -jnp.inf)
+
+
+def generation(state: DatedState, posterior: DatedPosterior, settings: DatedSettings, weights) -> DatedState:
+    """One generation of every chain: a tree move each, or HMC for all; one batched likelihood; accept."""
+    b = state.parents.shape[0]
+    key, k_kind, k_move, k_hmc_pick, k_hmc, k_accept = jax.random.split(state.key, 6)
+    hmc = DATED_MOVES.index("hmc")
+    kind = jax.random.categorical(k_kind, jnp.log(weights[:hmc]), shape=(b,))
+    use_hmc = jax.random.uniform(k_hmc_pick) * jnp.sum(weights) < weights[hmc]
+    enabled = tuple(dict(settings.moves).get(name, 0.0) > 0 for name in TIME_TREE_MOVES)
+
+    def tree_moves(_):
+        parents, heights, log_q = jax.vmap(propose_time_tree, in_axes=(0, 0, 0, 0, 0, None))(
+            kind, jax.random.split(k_move, b), state.parents, state.heights, state.tunings[:, :2], enabled)
+        return parents.astype(state.parents.dtype), heights, state.params, log_q
+
+    def hamiltonian(_):
+        heights, params, log_q = hmc_move(k_hmc, state, posterior, settings.hmc_steps)
+        return state.parents, heights, params, log_q
+
+    if dict(settings.moves).get("hmc", 0.0) > 0:  # static: no gradient program unless HMC can be drawn
+        parents, heights, params, log_q = jax.lax.cond(use_hmc, hamiltonian, tree_moves, None)
+    else:
+        parents, heights, params, log_q = tree_moves(None)
+    kind = jnp.where(use_hmc, hmc, kind)
+    log_likelihood, log_prior = posterior.log_posteriors(parents, heights, params)
+    log_ratio = log_likelihood - state.log_likelihood + log_prior - state.log_prior + log_q
+    accept = (jnp.log(jax.random.uniform(k_accept, (b,))) < log_ratio) & jnp.isfinite(log_likelihood + log_prior)
+    chosen = jax.nn.one_hot(kind, len(DATED_MOVES), dtype=jnp.int32)
+    kept = _where(accept, (parents, heights, params, log_likelihood, log_prior),
+                  (state.parents, state.heights, state.params, state.log_likelihood, state.log_prior))
+    return eqx.tree_at(
+        lambda s: (s.parents, s.heights, s.params, s.log_likelihood, s.log_prior, s.proposed, s.accepted,
+                   s.tunings, s.generation, s.key),
+        state, kept + (state.proposed + chosen, state.accepted + chosen * accept[:, None],
+                       _tuned(state, kind, accept, settings), state.generation + 1, key))
+
+
+def _tuned(state: DatedState, kind, accept, settings: DatedSettings):
+    """Robbins-Monro steps on the log tuning of the move used (subtree slide, root height, HMC) towards its
+    target acceptance (HMC's 0.65, else 0.3), while tuning."""
+    column = jnp.select([kind == DATED_MOVES.index(name) for name in TUNED] + [kind == DATED_MOVES.index("hmc")],
+                        list(TUNED.values()) + [2], -1)
+    tunable = (column >= 0) & (state.generation < settings.tune_generations)
+    target = jnp.where(column == 2, HMC_TARGET_ACCEPTANCE, TARGET_ACCEPTANCE)
+    step = (accept.astype(state.tunings.dtype) - target) / jnp.sqrt(1.0 + state.generation / 100.0)
+    change = jax.nn.one_hot(jnp.maximum(column, 0), 3) * jnp.where(tunable, step, 0.0)[:, None]
+    return jnp.clip(state.tunings * jnp.exp(change), 1e-6, 1e6)
+
+
+class DatedSample(eqx.Module):
+    """Every chain at one sampled generation (`[B, ...]`)."""
+
+    parents: jax.Array
+    heights: jax.Array
+    rates: jax.Array  # [B, M] each branch's clock rate (1 undated)
+    params: dict
+    log_likelihood: jax.Array
+    log_prior: jax.Array
+
+
+@eqx.filter_jit
+def run_block(state: DatedState, posterior: DatedPosterior, settings: DatedSettings, count):
+    """`count` (<= `settings.block`, traced) samples of `sample_every` generations; the samples `[block, B, ...]`."""
+    weights = settings.weights()
+
+    def sampled(state, i):
+        steps = jnp.where(i < count, settings.sample_every, 0)
+        state = jax.lax.fori_loop(0, steps, lambda _, s: generation(s, posterior, settings, weights), state)
+        rates = jnp.broadcast_to(posterior.branch_rates(state.params), state.heights.shape)
+        return state, DatedSample(state.parents, state.heights, rates, state.params, state.log_likelihood,
+                                  state.log_prior)
+
+    return jax.lax.scan(sampled, state, jnp.arange(settings.block))
+
+
+def initial_state(parents, heights, params: dict, posterior: DatedPosterior, settings: DatedSettings,
+                  seed: int) -> DatedState:
+    """Chains started from time trees `parents [B, M]`, `heights [B, M]` and unconstrained `params` `[B, ...]`."""
+    parents, heights = jnp.asarray(parents, jnp.int32), jnp.asarray(heights, posterior.dtype)
+    b = parents.shape[0]
+    root_height = jnp.max(heights, axis=1) - jnp.min(heights, axis=1)
+    tunings = jnp.stack([START_SLIDE * root_height, jnp.full(b, ROOT_TUNING), jnp.full(b, HMC_START_STEP)], axis=1)
+    zeros = jnp.zeros((b, len(DATED_MOVES)), jnp.int32)
+    log_likelihood, log_prior = posterior.log_posteriors(parents, heights, params)
+    return DatedState(parents, heights, params, log_likelihood, log_prior, tunings.astype(posterior.dtype), zeros,
+                      zeros, jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed))

@@ -1,0 +1,335 @@
+"""`dated_mcmc`: a time-tree analysis with the topology free, from an alignment and tip dates to BEAST's outputs.
+
+Blocks of `DatedSettings.block` samples run on the device
+(`_dated_mcmc.run_block`); between blocks the host appends every chain's
+samples to `chain{c}.log` (Tracer) and `chain{c}.trees` (NEXUS with
+`[&height=..., rate=...]` on every node), reports progress, writes the
+checkpoint and reads stop requests. A resumed run truncates the files to the
+checkpoint and ends with the bytes of a run that never stopped. At the end,
+`mcc.tree` is the maximum-clade-credibility tree of the chains' samples
+after burn-in (`_time_tree_summary`), and `summary.json` holds every column's
+median, 95% HPD and ESS.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._alignment import Alignment
+from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
+from .._errors import InputError, ModelError
+from .._schedule import phase_widths
+from .._simulate import random_topology_tree
+from .._sharding import to_host
+from .._tree import Tree
+from ..likelihood._api import PRECISIONS, max_step_width, pattern_data
+from ..ml._fit import resolve_model
+from ..ml._parameters import ModelCoordinates
+from ..ml._search import model_record
+from ._analysis import _rate_guess
+from ._dated_mcmc import DATED_MOVES, DatedPosterior, DatedSettings, initial_state, run_block
+from ._dated_start import start_time_tree
+from ._mc3 import state_from_numpy, state_to_numpy
+from ._mc3_run import _parameter_names, describe_priors
+from ._time_tree import start_heights, time_tree
+from ._mc3_summary import nexus_header
+from ._time_tree_summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
+
+TREE_PRIORS = ("coalescent", "skygrid")
+CLOCKS = ("strict", "relaxed")
+
+
+@dataclass
+class DatedResult:
+    """What a run found: every chain's samples on the host, column names, acceptance, the MCC tree."""
+
+    taxa: tuple
+    samples: TimeTreeSamples
+    settings: DatedSettings
+    reference: float | None  # the year at height 0 (None: undated)
+    acceptance: dict
+    generations: int
+    seconds: float
+    burnin: float  # the fraction of every chain's samples that summaries leave out
+
+    def mcc_tree(self) -> str:
+        return mcc_tree(self.samples, self.taxa, self.burnin, self.reference)
+
+    def summary(self) -> list[dict]:
+        return summary_rows(self.samples, self.burnin)
+
+
+def dated_mcmc(
+    alignment: Alignment,
+    model="HKY+G4",
+    tip_dates=None,
+    *,
+    clock: str = "strict",
+    tree_prior: str = "coalescent",
+    tree: Tree | None = None,
+    settings: DatedSettings | None = None,
+    skygrid_intervals: int = 10,
+    skygrid_cutoff: float | None = None,
+    seed: int = 0,
+    priors: dict | None = None,
+    precision: str = "float64",
+    out=None,
+    resume: bool = False,
+    progress=None,
+    stop=NEVER,
+    prior_only: bool = False,
+    burnin: float = 0.1,
+) -> DatedResult:
+    """Bayesian time-tree inference with the topology free (see `_dated_mcmc` for the sampler and priors).
+
+    `tip_dates`: a `jaxphylo.io.TipDates` (exact dates; intervals are refused:
+    sample them on a fixed topology with `jaxphylo sample`), or tip heights
+    (`[N]`, in the alignment's taxon order), or None for contemporaneous tips
+    (the clock rate is then 1 and heights are in substitutions). `tree`: a
+    rooted start tree (default: `start_time_tree`'s least-squares time tree).
+    `out` receives `chain{c}.log`, `chain{c}.trees`, `mcc.tree`, `summary.json`
+    and, after every block, `checkpoint.pkl` (`resume=True` continues it).
+    `progress(generation, log posterior per chain)` is called after every block.
+    `burnin`: the fraction of each chain's samples the MCC tree and summary leave out.
+    """
+    settings = settings or DatedSettings()
+    if clock not in CLOCKS or tree_prior not in TREE_PRIORS:
+        raise ModelError(f"clock must be one of {CLOCKS} and the tree prior one of {TREE_PRIORS}; "
+                         f"got {clock!r}, {tree_prior!r}")
+    tips, bounds, reference = _tip_heights(alignment, tip_dates)
+    clock_kind = clock if reference is not None else "none"  # contemporaneous tips: heights in substitutions
+    posterior, state, names = _starting_state(alignment, model, tips, bounds, reference, clock_kind, tree_prior, tree,
+                                              settings, skygrid_intervals, skygrid_cutoff, seed, priors, precision,
+                                              prior_only)
+    record = {"alignment": alignment_digest(alignment), "model": model_record(model), "seed": seed,
+              "precision": precision, "priors": describe_priors(priors), "prior_only": prior_only, "clock": clock,
+              "tree_prior": tree_prior, "tips": np.asarray(tips).tolist(),
+              "settings": {k: str(v) for k, v in asdict(settings).items()}}
+    taxa = tuple(alignment.taxa)
+    files = _OutputFiles(out, settings.chains, taxa, names)
+    samples = TimeTreeSamples.empty(settings.chains, names)
+    checkpoint = None if out is None else Path(out) / "checkpoint.pkl"
+    if checkpoint is not None:
+        _check_folder(Path(out), resume)
+    if resume:
+        saved = load_checkpoint(checkpoint, record)
+        state, samples = state_from_numpy(saved["state"], state), TimeTreeSamples.from_plain(saved["samples"])
+        files.truncate(saved["sizes"])
+    else:
+        files.start()
+
+    def save():
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, {"state": state_to_numpy(state), "samples": samples.to_plain(),
+                                         "sizes": files.sizes()}, record)
+
+    total = settings.generations // settings.sample_every
+    began = time.perf_counter()
+    while samples.count < total:
+        stop_point(stop, save, checkpoint, f"after {int(state.generation)} generations")
+        count = min(settings.block, total - samples.count)
+        state, block = run_block(state, posterior, settings, np.int32(count))
+        rows = _rows(jax.tree.map(to_host, block), count, int(state.generation), settings, posterior, reference)
+        for generation, chain_rows in rows:
+            samples.add(generation, chain_rows)
+            files.write(generation, chain_rows)
+        save()
+        if progress is not None:
+            progress(int(state.generation), np.asarray(to_host(state.log_likelihood + state.log_prior)))
+    state = jax.tree.map(to_host, state)
+    proposed, accepted = state.proposed.sum(0), state.accepted.sum(0)
+    acceptance = {m: float(a / p) for m, p, a in zip(DATED_MOVES, proposed, accepted) if p > 0}
+    result = DatedResult(taxa, samples, settings, reference, acceptance, int(state.generation),
+                         time.perf_counter() - began, burnin)
+    files.finish(result)
+    return result
+
+
+def _tip_heights(alignment: Alignment, tip_dates):
+    """`(tip heights, [2, tips] bounds, year at height 0)` in taxon order: intervals (a bare year, a month,
+    an undated tip) are sampled within their bounds, starting at the middle; contemporaneous tips have
+    reference `None`, given heights `0.0`."""
+    from ..io._dates import TipDates
+
+    if tip_dates is None:
+        zeros = np.zeros(len(alignment.taxa))
+        return zeros, np.stack([zeros, zeros]), None
+    if isinstance(tip_dates, TipDates):
+        b = tip_dates.heights(alignment.taxa)
+        return (b.lower + b.upper) / 2, np.stack([b.lower, b.upper]), b.reference
+    heights = np.asarray(tip_dates, float)
+    if heights.shape != (len(alignment.taxa),) or np.any(heights < 0):
+        raise InputError(f"tip heights must be {len(alignment.taxa)} non-negative numbers in taxon order")
+    return heights, np.stack([heights, heights]), 0.0
+
+
+def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior, tree, settings, intervals, cutoff,
+                    seed, priors, precision, prior_only):
+    template, free = resolve_model(model, alignment)
+    coordinates = ModelCoordinates(template, free)
+    rate_guess = _rate_guess(alignment, tips, np.array([np.max(tips) + 1.0])) if clock != "none" else 1.0
+    if tree is None:
+        parents, heights, rate = start_time_tree(alignment, tips, rate_guess)
+    else:
+        (parents, heights), rate = _given_start(alignment, tree, tips), rate_guess
+    rate = rate if clock != "none" else 1.0
+    root = float(heights.max() - tips.max())
+    grid = tuple(np.arange(1, intervals) * (cutoff or 1.2 * float(heights.max())) / max(intervals - 1, 1)) \
+        if tree_prior == "skygrid" else ()
+    b = settings.chains
+    dtype = PRECISIONS[precision]
+    data = pattern_data(alignment, random_topology_tree(alignment.taxa, seed=0))  # tips in the alignment's order
+    widths = phase_widths(len(alignment.taxa), max_step_width(template, data, dtype, b))
+    free = np.flatnonzero(bounds[1] > bounds[0])
+    posterior = DatedPosterior(data, coordinates, jnp.asarray(tips, dtype), jnp.asarray(free, jnp.int32),
+                               jnp.asarray(bounds[:, free], dtype), widths, dtype, len(tips), clock,
+                               tree_prior, grid, None, priors, prior_only)
+    params = {"model": coordinates.start(), **_hyper_start(clock, tree_prior, rate, root, intervals, len(parents))}
+    params = jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x, dtype), (b,) + jnp.shape(x)), params)
+    state = initial_state(np.tile(parents, (b, 1)), np.tile(heights, (b, 1)), params, posterior, settings, seed)
+    return posterior, state, _column_names(clock, tree_prior, intervals, coordinates, reference is not None)
+
+
+def _given_start(alignment, tree: Tree, tips) -> tuple[np.ndarray, np.ndarray]:
+    """`(parents, heights)` of a rooted binary start tree, tips renumbered to the alignment's order and put at
+    `tips` (the tree's own tip depths must agree with them, as `jaxphylo sample` checks)."""
+    if set(tree.taxa) != set(alignment.taxa):
+        extra = sorted(set(tree.taxa) ^ set(alignment.taxa))[0]
+        raise InputError(f"the start tree and the alignment differ in taxon {extra!r}")
+    position = np.array([alignment.taxa.index(name) for name in tree.taxa])  # tree tip k -> alignment tip
+    time = time_tree(tree.topology, np.asarray(tips)[position])
+    if np.any(np.bincount(tree.topology.parent_array[:-1])[len(position):] != 2):
+        raise InputError("the start tree must be binary (it has a polytomy)")
+    tip_heights, internal = start_heights(tree, time)
+    relabel = np.concatenate([position, np.arange(len(position), tree.topology.num_nodes)])  # old id -> new id
+    old_parent = tree.topology.parent_array
+    parents = np.full(len(old_parent), -1)
+    parents[relabel] = np.where(old_parent >= 0, relabel[np.maximum(old_parent, 0)], -1)
+    heights = np.empty(len(old_parent))
+    heights[relabel] = np.concatenate([tip_heights, internal])
+    return parents, heights
+
+
+def _hyper_start(clock, tree_prior, rate, root, intervals, m) -> dict:
+    start = {}
+    if clock != "none":
+        start["log_clock_rate"] = np.log(rate)
+    if clock == "relaxed":
+        start.update(log_rate_spread=np.log(0.1), rate_z=np.zeros(m))
+    if tree_prior == "coalescent":
+        start["log_population_size"] = np.log(root / 2)
+    else:
+        start.update(skygrid_first=np.log(root / 2), log_skygrid_precision=0.0, skygrid_steps=np.zeros(intervals - 1))
+    return start
+
+
+def _column_names(clock, tree_prior, intervals, coordinates, dated: bool) -> list[str]:
+    names = ["posterior", "likelihood", "prior", "rootHeight"] + (["age(root)"] if dated else []) + ["treeLength"]
+    names += {"strict": ["clock.rate"], "relaxed": ["ucld.mean", "ucld.stdev"], "none": []}[clock]
+    if tree_prior == "coalescent":
+        names.append("popSize")
+    else:
+        names += [f"skygrid.logPopSize{k + 1}" for k in range(intervals)] + ["skygrid.precision"]
+    return names + _parameter_names(coordinates)
+
+
+def _rows(block, count, generation, settings, posterior: DatedPosterior, reference):
+    """`[(generation, [per chain: (parents, heights, rates, values)])]` for the block's first `count` samples."""
+    params = block.params
+    named = jax.vmap(jax.vmap(posterior.coordinates.named_values))(params["model"]) if \
+        jax.tree.leaves(params["model"]) else {}
+    named = {k: np.asarray(v).reshape(v.shape[:2] + (-1,)) for k, v in named.items()}
+    first = generation - (count - 1) * settings.sample_every
+    out = []
+    for i in range(count):
+        chains = []
+        for c in range(settings.chains):
+            parents, heights, rates = block.parents[i, c], block.heights[i, c], block.rates[i, c]
+            log_l, log_p = float(block.log_likelihood[i, c]), float(block.log_prior[i, c])
+            durations = np.where(parents >= 0, heights[np.maximum(parents, 0)] - heights, 0.0)
+            values = [log_l + log_p, log_l, log_p, heights.max()] + ([] if reference is None else
+                                                                    [reference - heights.max()])
+            values += [float(durations.sum())]
+            values += _hyper_values(params, i, c, posterior)
+            values += [x for _, v in sorted(named.items()) for x in v[i, c]]
+            chains.append((parents, heights, rates, values))
+        out.append((first + i * settings.sample_every, chains))
+    return out
+
+
+def _hyper_values(params, i, c, posterior: DatedPosterior) -> list[float]:
+    pick = lambda name: np.asarray(params[name])[i, c]  # noqa: E731
+    values = []
+    if posterior.clock != "none":
+        values.append(float(np.exp(pick("log_clock_rate"))))
+    if posterior.clock == "relaxed":
+        values.append(float(np.exp(pick("log_rate_spread"))))
+    if posterior.tree_prior == "coalescent":
+        values.append(float(np.exp(pick("log_population_size"))))
+    else:
+        precision = np.exp(pick("log_skygrid_precision"))
+        steps = pick("skygrid_steps")
+        sizes = pick("skygrid_first") + np.concatenate([[0.0], np.cumsum(steps)]) / np.sqrt(precision)
+        values += [float(x) for x in sizes] + [float(precision)]
+    return values
+
+
+def _check_folder(out: Path, resume: bool) -> None:
+    if resume and not (out / "checkpoint.pkl").exists():
+        raise InputError(f"{out}: nothing to resume (no checkpoint.pkl)")
+    if not resume and (out / "checkpoint.pkl").exists():
+        raise InputError(f"{out} holds a run: continue it with --resume, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+class _OutputFiles:
+    """`chain{c}.log` (Tracer) and `chain{c}.trees` (NEXUS time trees), appended sample by sample."""
+
+    def __init__(self, out, chains: int, taxa, names):
+        self.out, self.chains, self.taxa, self.names = None if out is None else Path(out), chains, taxa, names
+
+    def paths(self) -> list[Path]:
+        if self.out is None:
+            return []
+        return [self.out / f"chain{c + 1}.{kind}" for c in range(self.chains) for kind in ("trees", "log")]
+
+    def start(self) -> None:
+        for path in self.paths():
+            path.write_text(nexus_header(self.taxa) if path.suffix == ".trees" else
+                            "state\t" + "\t".join(self.names) + "\n")
+
+    def sizes(self) -> list[int]:
+        return [path.stat().st_size for path in self.paths()]
+
+    def truncate(self, sizes: list[int]) -> None:
+        for path, size in zip(self.paths(), sizes):
+            with open(path, "r+b") as handle:
+                handle.truncate(size)
+
+    def write(self, generation, chains) -> None:
+        if self.out is None:
+            return
+        for c, (parents, heights, rates, values) in enumerate(chains):
+            with open(self.out / f"chain{c + 1}.trees", "a") as handle:
+                handle.write(f"tree STATE_{generation} = [&R] {time_tree_newick(parents, heights, rates)};\n")
+            with open(self.out / f"chain{c + 1}.log", "a") as handle:
+                handle.write(f"{generation}\t" + "\t".join(f"{v:.10g}" for v in values) + "\n")
+
+    def finish(self, result: DatedResult) -> None:
+        if self.out is None:
+            return
+        for c in range(self.chains):
+            with open(self.out / f"chain{c + 1}.trees", "a") as handle:
+                handle.write("End;\n")
+        (self.out / "mcc.tree").write_text(nexus_header(self.taxa) +
+                                           f"tree TREE1 = [&R] {result.mcc_tree()};\nEnd;\n")
+        summary = {"generations": result.generations, "seconds": result.seconds, "acceptance": result.acceptance,
+                   "reference_year": result.reference, "burnin": result.burnin, "columns": result.summary()}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
