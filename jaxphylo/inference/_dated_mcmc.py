@@ -70,6 +70,7 @@ class DatedSettings:
     block: int = 50  # samples per device call (a checkpoint after each)
     moves: tuple = tuple(DEFAULT_DATED_MOVES.items())  # (name, weight) pairs; a dict is accepted
     hmc_steps: int = 10
+    adapt_mass: bool = True  # a diagonal mass matrix for HMC from the tuning phase's coordinates
 
     def __post_init__(self):
         object.__setattr__(self, "moves", tuple(dict(self.moves).items()))
@@ -141,6 +142,7 @@ class DatedState(eqx.Module):
     log_likelihood: jax.Array  # [B]
     log_prior: jax.Array  # [B]
     tunings: jax.Array  # [B, 3]: subtree-slide window, root multiplier's lambda, HMC step size
+    mass: tuple  # HMC's diagonal mass adaptation: (count [B], mean, sum of squares, inverse mass), trees like theta
     proposed: jax.Array  # [B, moves]
     accepted: jax.Array
     generation: jax.Array
@@ -229,9 +231,15 @@ def _where(mask, new, old):
     return jax.tree.map(lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old)
 
 
-def hmc_move(key, state: DatedState, posterior: DatedPosterior, steps: int):
+def hmc_move(key, state: DatedState, posterior: DatedPosterior, settings: DatedSettings):
     """Every chain's HMC proposal over node heights (ratio coordinates), sampled tip heights (logit within
-    their bounds: the anchors move with them) and parameters: `(heights, params, log q)`."""
+    their bounds: the anchors move with them) and parameters: `(heights, params, log q, mass)`.
+
+    While tuning, every HMC move first adds the chain's current coordinates to
+    its running variance (Welford) and sets the inverse mass to it, shrunk
+    towards 1e-3 as Stan does, `(n / (n + 5)) var + 1e-3 (5 / (n + 5))`;
+    after tuning the mass is fixed, so the kernel is a fixed HMC kernel.
+    """
     n = posterior.num_tips
     jacobian = jax.vmap(lambda p, a, h, z: ratio_log_jacobian(p, a, h, z, n))
     anchors_of = jax.vmap(node_anchors)
@@ -254,10 +262,38 @@ def hmc_move(key, state: DatedState, posterior: DatedPosterior, steps: int):
     z = jax.vmap(lambda p, a, h: ratio_coordinates(p, a, h, n))(state.parents, anchors, state.heights)
     free = state.heights[:, posterior.free_tips]
     theta = (z, jax.scipy.special.logit((free - low) / (high - low)), state.params)
-    new_theta, log_q = leapfrog_trajectory(key, log_target, theta, (internal, None, None), state.tunings[:, 2], steps)
+    mass = _adapted_mass(state.mass, theta, settings.adapt_mass & (state.generation < settings.tune_generations))
+    new_theta, log_q = leapfrog_trajectory(key, log_target, theta, (internal, None, None), state.tunings[:, 2],
+                                           settings.hmc_steps, inverse_mass=mass[3])
     heights, params, new_jacobian = unpack(new_theta)
     log_q += new_jacobian - unpack(theta)[2]
-    return heights, params, jnp.where(jnp.isfinite(log_q), log_q, -jnp.inf)
+    return heights, params, jnp.where(jnp.isfinite(log_q), log_q, -jnp.inf), mass
+
+
+def _adapted_mass(mass, theta, tuning):
+    """One Welford step of every chain's coordinates and the regularised variance as inverse mass (while
+    `tuning`; from 10 visits on)."""
+    count, mean, squares, inverse = mass
+    new_count = count + 1
+    per_chain = lambda x: new_count.reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype)  # noqa: E731
+    delta = jax.tree.map(lambda x, m: x - m, theta, mean)
+    new_mean = jax.tree.map(lambda m, d: m + d / per_chain(d), mean, delta)
+    new_squares = jax.tree.map(lambda q, x, m, d: q + d * (x - m), squares, theta, new_mean, delta)
+
+    def regularised(q):
+        c = per_chain(q)
+        return jnp.where(c >= 10, c / (c + 5) * q / jnp.maximum(c - 1, 1) + 1e-3 * 5 / (c + 5), 1.0)
+
+    new_inverse = jax.tree.map(regularised, new_squares)
+    adapted = (new_count, new_mean, new_squares, new_inverse)
+    return jax.tree.map(lambda a, b: jnp.where(tuning, a, b), adapted, mass)
+
+
+def _mass_start(theta_like):
+    """No visits yet: unit inverse mass."""
+    zeros = jax.tree.map(jnp.zeros_like, theta_like)
+    b = jax.tree.leaves(theta_like)[0].shape[0]
+    return (jnp.zeros(b, jnp.int32), zeros, zeros, jax.tree.map(jnp.ones_like, theta_like))
 
 
 def generation(state: DatedState, posterior: DatedPosterior, settings: DatedSettings, weights) -> DatedState:
@@ -272,16 +308,16 @@ def generation(state: DatedState, posterior: DatedPosterior, settings: DatedSett
     def tree_moves(_):
         parents, heights, log_q = jax.vmap(propose_time_tree, in_axes=(0, 0, 0, 0, 0, None))(
             kind, jax.random.split(k_move, b), state.parents, state.heights, state.tunings[:, :2], enabled)
-        return parents.astype(state.parents.dtype), heights, state.params, log_q
+        return parents.astype(state.parents.dtype), heights, state.params, log_q, state.mass
 
     def hamiltonian(_):
-        heights, params, log_q = hmc_move(k_hmc, state, posterior, settings.hmc_steps)
-        return state.parents, heights, params, log_q
+        heights, params, log_q, mass = hmc_move(k_hmc, state, posterior, settings)
+        return state.parents, heights, params, log_q, mass
 
     if dict(settings.moves).get("hmc", 0.0) > 0:  # static: no gradient program unless HMC can be drawn
-        parents, heights, params, log_q = jax.lax.cond(use_hmc, hamiltonian, tree_moves, None)
+        parents, heights, params, log_q, mass = jax.lax.cond(use_hmc, hamiltonian, tree_moves, None)
     else:
-        parents, heights, params, log_q = tree_moves(None)
+        parents, heights, params, log_q, mass = tree_moves(None)
     kind = jnp.where(use_hmc, hmc, kind)
     log_likelihood, log_prior = posterior.log_posteriors(parents, heights, params)
     log_ratio = log_likelihood - state.log_likelihood + log_prior - state.log_prior + log_q
@@ -291,9 +327,9 @@ def generation(state: DatedState, posterior: DatedPosterior, settings: DatedSett
                   (state.parents, state.heights, state.params, state.log_likelihood, state.log_prior))
     return eqx.tree_at(
         lambda s: (s.parents, s.heights, s.params, s.log_likelihood, s.log_prior, s.proposed, s.accepted,
-                   s.tunings, s.generation, s.key),
+                   s.tunings, s.mass, s.generation, s.key),
         state, kept + (state.proposed + chosen, state.accepted + chosen * accept[:, None],
-                       _tuned(state, kind, accept, settings), state.generation + 1, key))
+                       _tuned(state, kind, accept, settings), mass, state.generation + 1, key))
 
 
 def _tuned(state: DatedState, kind, accept, settings: DatedSettings):
@@ -343,5 +379,6 @@ def initial_state(parents, heights, params: dict, posterior: DatedPosterior, set
     tunings = jnp.stack([START_SLIDE * root_height, jnp.full(b, ROOT_TUNING), jnp.full(b, HMC_START_STEP)], axis=1)
     zeros = jnp.zeros((b, len(DATED_MOVES)), jnp.int32)
     log_likelihood, log_prior = posterior.log_posteriors(parents, heights, params)
-    return DatedState(parents, heights, params, log_likelihood, log_prior, tunings.astype(posterior.dtype), zeros,
-                      zeros, jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed))
+    theta_like = (heights, jnp.zeros((b, posterior.free_tips.shape[0]), heights.dtype), params)
+    return DatedState(parents, heights, params, log_likelihood, log_prior, tunings.astype(posterior.dtype),
+                      _mass_start(theta_like), zeros, zeros, jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed))

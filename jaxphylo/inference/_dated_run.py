@@ -181,8 +181,8 @@ def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior
         (parents, heights), rate = _given_start(alignment, tree, tips), rate_guess
     rate = rate if clock != "none" else 1.0
     root = float(heights.max() - tips.max())
-    grid = tuple(np.arange(1, intervals) * (cutoff or 1.2 * float(heights.max())) / max(intervals - 1, 1)) \
-        if tree_prior == "skygrid" else ()
+    grid = tuple(float(x) for x in np.arange(1, intervals) * (cutoff or 1.2 * float(heights.max()))
+                 / max(intervals - 1, 1)) if tree_prior == "skygrid" else ()  # static: Python floats
     b = settings.chains
     dtype = PRECISIONS[precision]
     data = pattern_data(alignment, random_topology_tree(alignment.taxa, seed=0))  # tips in the alignment's order

@@ -51,22 +51,27 @@ def hmc_proposal(key, posterior, up: Int[Array, "B M"], edge: Float[Array, "B M 
     return new_edge, new_params, jnp.where(jnp.isfinite(log_q), log_q, -jnp.inf)
 
 
-def leapfrog_trajectory(key, log_target, theta, movable, step_size: Float[Array, " B"], steps: int):
+def leapfrog_trajectory(key, log_target, theta, movable, step_size: Float[Array, " B"], steps: int,
+                        inverse_mass=None):
     """`steps` leapfrog steps of every chain from `theta` (leaves `[B, ...]`) under `log_target(theta) -> [B]`.
 
-    Momenta are standard normal, zero where `movable` (a pytree prefix of
-    `theta`: a mask, or None for all) is False. Returns `(theta', |rho|^2 / 2 -
-    |rho'|^2 / 2)`: with `log_target`'s own change, the log acceptance ratio.
-    Gradients come from one value-and-gradient of the whole batch per step.
+    Momenta are `N(0, M)` with the diagonal `M = 1 / inverse_mass` (a pytree
+    like `theta`; None: the identity), zero where `movable` (a pytree prefix of
+    `theta`: a mask, or None for all) is False. Positions move by
+    `eps M^-1 rho`. Returns `(theta', K(rho) - K(rho'))`, `K = rho M^-1 rho / 2`:
+    with `log_target`'s own change, the log acceptance ratio. Gradients come
+    from one value-and-gradient of the whole batch per step.
     """
+    inverse_mass = inverse_mass if inverse_mass is not None else jax.tree.map(jnp.ones_like, theta)
     gradient = jax.grad(lambda t: jnp.sum(log_target(t)))
     k_momentum, k_jitter = jax.random.split(key)
     leaves, tree = jax.tree.flatten(theta)
     noise = [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(jax.random.split(k_momentum, len(leaves)), leaves)]
     masks = jax.tree.flatten(jax.tree.map(lambda mask, sub: jax.tree.map(lambda _: mask, sub), movable, theta,
                                           is_leaf=lambda x: x is None), is_leaf=lambda x: x is None)[0]
-    momentum = jax.tree.unflatten(tree, [r if mask is None else jnp.where(mask, r, 0.0)
-                                         for r, mask in zip(noise, masks)])  # nothing moves the masked entries
+    scales = jax.tree.leaves(inverse_mass)
+    momentum = jax.tree.unflatten(tree, [(r if mask is None else jnp.where(mask, r, 0.0)) / jnp.sqrt(w)
+                                         for r, mask, w in zip(noise, masks, scales)])  # masked entries stay
     eps = step_size * jax.random.uniform(k_jitter, step_size.shape, minval=0.8, maxval=1.2)
 
     def scaled(x):  # eps per chain, broadcast over the rest of a leaf
@@ -79,14 +84,15 @@ def leapfrog_trajectory(key, log_target, theta, movable, step_size: Float[Array,
     def leapfrog(_, carry):
         theta, momentum, grad = carry
         momentum = kick(momentum, grad, 0.5)
-        theta = jax.tree.map(lambda x, r: x + scaled(x) * r, theta, momentum)
+        theta = jax.tree.map(lambda x, r, w: x + scaled(x) * w * r, theta, momentum, inverse_mass)
         grad = gradient(theta)
         return theta, kick(momentum, grad, 0.5), grad
 
-    start_kinetic = _kinetic(momentum)
+    start_kinetic = _kinetic(momentum, inverse_mass)
     new_theta, new_momentum, _ = jax.lax.fori_loop(0, steps, leapfrog, (theta, momentum, gradient(theta)))
-    return new_theta, start_kinetic - _kinetic(new_momentum)
+    return new_theta, start_kinetic - _kinetic(new_momentum, inverse_mass)
 
 
-def _kinetic(momentum) -> Float[Array, " B"]:
-    return sum(0.5 * jnp.sum(r.reshape(r.shape[0], -1) ** 2, axis=-1) for r in jax.tree.leaves(momentum))
+def _kinetic(momentum, inverse_mass) -> Float[Array, " B"]:
+    return sum(0.5 * jnp.sum((w * r**2).reshape(r.shape[0], -1), axis=-1)
+               for r, w in zip(jax.tree.leaves(momentum), jax.tree.leaves(inverse_mass)))
