@@ -1,4 +1,4 @@
-"""Side by side: BEAST 1.10's runs (`beast/*.json`) and jaxphylo's (`jaxphylo/*.json`) on the same data and model.
+"""Side by side: BEAST 1.10's runs (`beast/*.json`) and jaxphylo's (`ours/*.json`) on the same data and model.
 
     python validation/dated/compare.py [--out validation/dated/comparison.json]
 
@@ -61,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     beast = {_key(r): r for r in (json.loads(p.read_text()) for p in sorted((HERE / "beast").glob("*.json")))}
     rows = []
-    for path in sorted((HERE / "jaxphylo").glob("*.json")):
+    for path in sorted((HERE / "ours").glob("*.json")):
         ours = json.loads(path.read_text())
         if _key(ours) in beast:
             rows.append({"file": path.name, **compare(beast[_key(ours)], ours)})

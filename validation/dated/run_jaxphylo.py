@@ -1,7 +1,7 @@
 """jaxphylo's side of the BEAST comparison: the same model, priors and data as `beast_xml.py` writes.
 
     python validation/dated/run_jaxphylo.py --dataset dengue4_env --clock strict --tree-prior constant \
-        --generations 200000 --out validation/dated/jaxphylo/dengue4_env_strict_constant.json
+        --generations 200000 --out validation/dated/ours/dengue4_env_strict_constant.json
 
 HKY+FO+G4 (frequencies estimated, Dirichlet(1)), kappa LogNormal(1, 1.25),
 Gamma shape Exponential(1), the CTMC reference prior on the clock rate, 1/N on
