@@ -46,7 +46,8 @@ def run_free_topology(args) -> None:
     prior = args.tree_prior or "coalescent"
     if prior not in FREE_TREE_PRIORS:
         raise JaxphyloError(f"--topology free: the tree prior is one of {', '.join(FREE_TREE_PRIORS)}, not {prior!r}")
-    alignment = jp.read_alignment(args.alignment, data_type=args.data_type, genetic_code=args.genetic_code)
+    path = jp.example_paths()[0] if args.example else args.alignment
+    alignment = jp.read_alignment(path, data_type=args.data_type, genetic_code=args.genetic_code)
     tree = jp.read_tree(args.tree) if args.tree else None
     tip_dates = None
     if args.dates or args.dates_in_names:
@@ -62,7 +63,7 @@ def run_free_topology(args) -> None:
             print(f"# generation {generation}: log posterior {best}", file=sys.stderr, flush=True)
 
     if args.dry_run:
-        print(f"# {alignment.num_taxa} taxa, {alignment.site_patterns().num_patterns} patterns; "
+        print(f"# {len(alignment.taxa)} taxa, {alignment.site_patterns().num_patterns} patterns; "
               f"{settings.chains} chains x {settings.generations} generations", file=sys.stderr)
         return
     result = dated_mcmc(alignment, args.model, tip_dates, clock=args.clock, tree_prior=prior, tree=tree,

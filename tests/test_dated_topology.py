@@ -203,3 +203,26 @@ def test_sample_without_a_tree_samples_the_topology(tmp_path):
     assert root.get_value("posterior") is not None and root.get_value("height_95%_HPD") is not None
     bad = cli("sample", str(tmp_path / "aln.fasta"), "--out", str(tmp_path / "bad"))
     assert bad.returncode == 2 and "add --clock" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_given_start_tree_is_renumbered_to_the_alignment():
+    """A start tree whose taxa come in another order than the alignment's: the sampler's arrays put every tip
+    at its own height and keep the tree's clades and node heights; another taxon set is a one-line error."""
+    from jaxphylo._errors import InputError
+    from jaxphylo.inference._dated_run import _given_start
+
+    alignment, tree, tips, time = _dated_data(50)
+    order = [3, 0, 5, 1, 4, 2]
+    shuffled = jp.Alignment(tuple(alignment.taxa[i] for i in order), tuple(alignment.sequences[i] for i in order),
+                            alignment.alphabet)
+    parents, heights = _given_start(shuffled, tree, tips[order])
+    np.testing.assert_allclose(heights[:6], tips[order])
+    expected = jp.inference.heights_from_tree(tree, time)
+    assert np.allclose(np.sort(heights[6:]), np.sort(expected))
+    names = lambda mask, taxa: frozenset(t for k, t in enumerate(taxa) if mask >> k & 1)  # noqa: E731
+    mine = {names(m, shuffled.taxa) for m in clade_masks(parents, heights)[6:]}
+    theirs = {names(m, tree.taxa) for m in clade_masks(tree.topology.parent_array,
+                                                       np.concatenate([tips, expected]))[6:]}
+    assert mine == theirs
+    with pytest.raises(InputError, match="differ in taxon 't5'"):
+        _given_start(jp.Alignment(alignment.taxa[:5], alignment.sequences[:5], alignment.alphabet), tree, tips[:5])

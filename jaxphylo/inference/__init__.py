@@ -2,6 +2,9 @@
 
 from ..likelihood import PatternData, pattern_data
 from ._analysis import Analysis, Prepared, prepare, sample_tip_heights, unrooted
+from ._dated_mcmc import DatedSettings
+from ._dated_run import DatedResult, dated_mcmc
+from ._dated_start import rooted_time_tree, start_time_tree
 from ._distribution import PhyloCTMC
 from ._mc3 import MC3Settings
 from ._mc3_run import MC3Result, mc3
@@ -15,6 +18,7 @@ from ._tree_priors import (
 )
 
 __all__ = [
+    "dated_mcmc", "DatedSettings", "DatedResult", "start_time_tree", "rooted_time_tree",
     "MC3Result",
     "MC3Settings",
     "mc3",

@@ -174,11 +174,12 @@ def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior
                     seed, priors, precision, prior_only):
     template, free = resolve_model(model, alignment)
     coordinates = ModelCoordinates(template, free)
-    rate_guess = _rate_guess(alignment, tips, np.array([np.max(tips) + 1.0])) if clock != "none" else 1.0
-    if tree is None:
-        parents, heights, rate = start_time_tree(alignment, tips, rate_guess)
+    if tree is None:  # without temporal signal, the rate that puts the root one sampling span before the tips
+        fallback = _rate_guess(alignment, tips, np.array([2 * np.max(tips) + 1.0]))
+        parents, heights, rate = start_time_tree(alignment, tips, fallback)
     else:
-        (parents, heights), rate = _given_start(alignment, tree, tips), rate_guess
+        parents, heights = _given_start(alignment, tree, tips)
+        rate = _rate_guess(alignment, tips, np.array([heights.max()]))
     rate = rate if clock != "none" else 1.0
     root = float(heights.max() - tips.max())
     grid = tuple(float(x) for x in np.arange(1, intervals) * (cutoff or 1.2 * float(heights.max()))

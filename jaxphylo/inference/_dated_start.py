@@ -26,6 +26,7 @@ from jaxtyping import Float, Int
 from .._alignment import Alignment
 from .._distances import distances
 from .._neighbor_joining import bionj
+from .._tree import Topology, Tree
 
 
 def start_time_tree(alignment: Alignment, tip_heights: Float[np.ndarray, " tips"], fallback_rate: float):
@@ -148,3 +149,18 @@ def _children_first(parents) -> list[int]:
             walk, d = parents[walk], d + 1
         depth[node] = d
     return list(np.argsort(-depth, kind="stable"))
+
+
+def rooted_time_tree(parents: Int[np.ndarray, " M"], heights: Float[np.ndarray, " M"], taxa) -> Tree:
+    """A sampler's time tree (`parents`, `heights`, internal nodes in any order) as a `Tree` whose branch lengths
+    are durations, internal nodes renumbered by height (children first, the root last), as `Topology` wants."""
+    parents, heights = np.asarray(parents), np.asarray(heights, float)
+    n = len(taxa)
+    internal = n + np.argsort(heights[n:], kind="stable")  # new internal node k is old node internal[k]
+    old_to_new = np.empty(len(parents), int)
+    old_to_new[:n] = np.arange(n)
+    old_to_new[internal] = np.arange(n, len(parents))
+    order = np.concatenate([np.arange(n), internal])
+    parent = [int(old_to_new[parents[v]]) if parents[v] >= 0 else -1 for v in order]
+    above = np.where(parents[order] >= 0, heights[np.maximum(parents[order], 0)], heights[order])
+    return Tree(np.asarray(above - heights[order]), Topology(tuple(parent), tuple(taxa)))
