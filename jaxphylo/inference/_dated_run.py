@@ -37,7 +37,7 @@ from ._analysis import _rate_guess
 from ._dated_mcmc import DATED_MOVES, DatedPosterior, DatedSettings, initial_state, run_block
 from ._dated_start import start_time_tree
 from ._mc3 import state_from_numpy, state_to_numpy
-from ._mc3_run import _parameter_names, describe_priors
+from ._mc3_run import _check_run_folder, _OutputFiles as _RunFiles, _parameter_names, describe_priors
 from ._time_tree import start_heights, time_tree
 from ._mc3_summary import nexus_header
 from ._time_tree_summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
@@ -117,7 +117,7 @@ def dated_mcmc(
     samples = TimeTreeSamples.empty(settings.chains, names)
     checkpoint = None if out is None else Path(out) / "checkpoint.pkl"
     if checkpoint is not None:
-        _check_folder(Path(out), resume)
+        _check_run_folder(Path(out), resume)
     if resume:
         saved = load_checkpoint(checkpoint, record)
         state, samples = state_from_numpy(saved["state"], state), TimeTreeSamples.from_plain(saved["samples"])
@@ -282,37 +282,15 @@ def _hyper_values(params, i, c, posterior: DatedPosterior) -> list[float]:
     return values
 
 
-def _check_folder(out: Path, resume: bool) -> None:
-    if resume and not (out / "checkpoint.pkl").exists():
-        raise InputError(f"{out}: nothing to resume (no checkpoint.pkl)")
-    if not resume and (out / "checkpoint.pkl").exists():
-        raise InputError(f"{out} holds a run: continue it with --resume, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-
-
-class _OutputFiles:
+class _OutputFiles(_RunFiles):
     """`chain{c}.log` (Tracer) and `chain{c}.trees` (NEXUS time trees), appended sample by sample."""
 
-    def __init__(self, out, chains: int, taxa, names):
-        self.out, self.chains, self.taxa, self.names = None if out is None else Path(out), chains, taxa, names
-
-    def paths(self) -> list[Path]:
-        if self.out is None:
-            return []
-        return [self.out / f"chain{c + 1}.{kind}" for c in range(self.chains) for kind in ("trees", "log")]
+    prefix = "chain"
 
     def start(self) -> None:
         for path in self.paths():
             path.write_text(nexus_header(self.taxa) if path.suffix == ".trees" else
                             "state\t" + "\t".join(self.names) + "\n")
-
-    def sizes(self) -> list[int]:
-        return [path.stat().st_size for path in self.paths()]
-
-    def truncate(self, sizes: list[int]) -> None:
-        for path, size in zip(self.paths(), sizes):
-            with open(path, "r+b") as handle:
-                handle.truncate(size)
 
     def write(self, generation, chains) -> None:
         if self.out is None:
@@ -326,7 +304,7 @@ class _OutputFiles:
     def finish(self, result: DatedResult) -> None:
         if self.out is None:
             return
-        for c in range(self.chains):
+        for c in range(self.runs):
             with open(self.out / f"chain{c + 1}.trees", "a") as handle:
                 handle.write("End;\n")
         (self.out / "mcc.tree").write_text(nexus_header(self.taxa) +

@@ -246,13 +246,15 @@ def _result(state, samples, names, settings, trace, taxa, seconds) -> MC3Result:
 class _OutputFiles:
     """`run{r}.trees` (NEXUS, translate block) and `run{r}.log` (Tracer), appended sample by sample."""
 
+    prefix = "run"
+
     def __init__(self, out, runs: int, taxa, names):
         self.out, self.runs, self.taxa, self.names = None if out is None else Path(out), runs, taxa, names
 
     def paths(self) -> list[Path]:
         if self.out is None:
             return []
-        return [self.out / f"run{r + 1}.{kind}" for r in range(self.runs) for kind in ("trees", "log")]
+        return [self.out / f"{self.prefix}{r + 1}.{kind}" for r in range(self.runs) for kind in ("trees", "log")]
 
     def start(self) -> None:
         for path in self.paths():
