@@ -226,3 +226,31 @@ def test_a_given_start_tree_is_renumbered_to_the_alignment():
     assert mine == theirs
     with pytest.raises(InputError, match="differ in taxon 't5'"):
         _given_start(jp.Alignment(alignment.taxa[:5], alignment.sequences[:5], alignment.alphabet), tree, tips[:5])
+
+
+def test_relaxed_clock_parameters_follow_their_priors():
+    """Prior only (no likelihood), relaxed clock, coalescent with theta = 1: HMC over the clock's parameters and
+    the node heights, with the tree moves, recovers ucld.stdev ~ Exponential(3) (mean and sd 1/3), the
+    per-branch deviates' N(0, 1), and the CTMC reference prior's E[rate x tree length in time] = 1/2 (the rate
+    is Gamma(1/2, tree length) given the tree)."""
+    n, m, chains = 4, 7, 8
+    settings = DatedSettings(chains=chains, generations=30_000, sample_every=10, block=3000, tune=3000)
+    posterior = DatedPosterior(None, ModelCoordinates(jp.parse_model("JC"), frozenset()), jnp.asarray(TIPS),
+                               jnp.zeros(0, jnp.int32), jnp.zeros((2, 0)), (), jnp.float64, n, "relaxed",
+                               "coalescent", population_size=1.0, prior_only=True)
+    params = {"model": {}, "log_clock_rate": jnp.zeros(chains), "log_rate_spread": jnp.full(chains, -1.0),
+              "rate_z": jnp.zeros((chains, m))}
+    parents = np.array([4, 4, 5, 6, 5, 6, -1])
+    heights = np.array([*TIPS, 1.3, 1.8, 2.5])
+    state = initial_state(np.tile(parents, (chains, 1)), np.tile(heights, (chains, 1)), params, posterior, settings, 3)
+    _, samples = run_block(state, posterior, settings, np.int32(3000))
+    kept = slice(300, None)
+    spread = np.exp(np.asarray(samples.params["log_rate_spread"])[kept]).ravel()
+    assert spread.mean() == pytest.approx(1 / 3, rel=0.1)
+    assert spread.std() == pytest.approx(1 / 3, rel=0.15)
+    p, h = np.asarray(samples.parents)[kept], np.asarray(samples.heights)[kept]
+    z = np.asarray(samples.params["rate_z"])[kept][p >= 0]
+    assert z.mean() == pytest.approx(0.0, abs=0.05) and z.std() == pytest.approx(1.0, rel=0.05)
+    length = np.where(p >= 0, np.take_along_axis(h, np.maximum(p, 0), -1) - h, 0.0).sum(-1)
+    rate = np.exp(np.asarray(samples.params["log_clock_rate"])[kept])
+    assert (rate * length).mean() == pytest.approx(0.5, rel=0.1)
