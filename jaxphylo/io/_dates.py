@@ -111,7 +111,7 @@ class TipDates:
 def _check_taxa(dates: TipDates, taxa: list[str]) -> None:
     known, given = set(taxa), set(dates.taxa) | set(dates.undated)
     if extra := sorted(given - known):
-        raise InputError(f"{dates.source}: taxon {extra[0]!r} has a date but is not in the tree")
+        raise InputError(f"{dates.source}: taxon {extra[0]!r} has a date but is not in the tree or alignment")
     if missing := [t for t in taxa if t not in given]:
         raise InputError(f"{dates.source}: taxon {missing[0]!r} of the tree has no date "
                          "(mark it NA to estimate its date)")
