@@ -12,11 +12,9 @@ frequencies (0.3, 0.2, 0.2, 0.3) and Gamma shape 0.5.
 import sys
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
 
 import jaxphylo as jp
-from jaxphylo.inference import branch_durations, time_tree
 from jaxphylo.inference._dated_start import rooted_time_tree
 
 
