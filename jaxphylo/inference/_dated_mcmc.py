@@ -48,6 +48,7 @@ from numpyro.infer.util import potential_energy
 from .._errors import InputError
 from ..likelihood._api import _batch_pattern_log_likelihoods
 from ..ml._parameters import ModelCoordinates
+from ._mc3 import check_moves
 from ._hmc_move import HMC_START_STEP, HMC_TARGET_ACCEPTANCE, leapfrog_trajectory
 from ._model_priors import sample_model
 from ._time_tree_moves import ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, ancestors_of, propose_time_tree
@@ -77,10 +78,7 @@ class DatedSettings:
         for name in ("chains", "generations", "sample_every", "block", "hmc_steps"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"setting {name} must be at least 1, got {getattr(self, name)}")
-        if unknown := sorted(set(dict(self.moves)) - set(DATED_MOVES)):
-            raise InputError(f"unknown move {unknown[0]!r}: moves are {', '.join(DATED_MOVES)}")
-        if any(w < 0 for _, w in self.moves) or sum(w for _, w in self.moves) <= 0:
-            raise InputError("move weights must be non-negative and not all zero")
+        check_moves(self.moves, DATED_MOVES)
 
     @property
     def tune_generations(self) -> int:

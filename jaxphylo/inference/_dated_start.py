@@ -153,14 +153,18 @@ def _children_first(parents) -> list[int]:
 
 def rooted_time_tree(parents: Int[np.ndarray, " M"], heights: Float[np.ndarray, " M"], taxa) -> Tree:
     """A sampler's time tree (`parents`, `heights`, internal nodes in any order) as a `Tree` whose branch lengths
-    are durations, internal nodes renumbered by height (children first, the root last), as `Topology` wants."""
+    are durations, internal nodes renumbered by height (children first, the root last, as `Topology` wants)."""
+    return height_ordered_tree(parents, heights, taxa)[0]
+
+
+def height_ordered_tree(parents, heights, taxa) -> tuple[Tree, np.ndarray]:
+    """`rooted_time_tree` and `order`, the old id of every new node (tips keep theirs; heights only increase
+    towards the root, so sorting the internal nodes by height puts children first)."""
     parents, heights = np.asarray(parents), np.asarray(heights, float)
     n = len(taxa)
-    internal = n + np.argsort(heights[n:], kind="stable")  # new internal node k is old node internal[k]
-    old_to_new = np.empty(len(parents), int)
-    old_to_new[:n] = np.arange(n)
-    old_to_new[internal] = np.arange(n, len(parents))
-    order = np.concatenate([np.arange(n), internal])
-    parent = [int(old_to_new[parents[v]]) if parents[v] >= 0 else -1 for v in order]
-    above = np.where(parents[order] >= 0, heights[np.maximum(parents[order], 0)], heights[order])
-    return Tree(np.asarray(above - heights[order]), Topology(tuple(parent), tuple(taxa)))
+    order = np.concatenate([np.arange(n), n + np.argsort(heights[n:], kind="stable")])
+    new_id = np.empty(len(parents), int)
+    new_id[order] = np.arange(len(parents))
+    parent = tuple(int(new_id[parents[v]]) if parents[v] >= 0 else -1 for v in order)
+    durations = np.where(parents >= 0, heights[np.maximum(parents, 0)] - heights, 0.0)[order]
+    return Tree(durations, Topology(parent, tuple(taxa))), order

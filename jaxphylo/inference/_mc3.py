@@ -83,14 +83,19 @@ class MC3Settings:
             raise InputError(f"--temperature must not be negative, got {self.temperature}")
         if not 0 <= self.burnin < 1:
             raise InputError(f"burn-in must be in [0, 1), got {self.burnin}")
-        if unknown := sorted(set(dict(self.moves)) - set(MOVES)):
-            raise InputError(f"unknown move {unknown[0]!r}: moves are {', '.join(MOVES)}")
-        if any(w < 0 for _, w in self.moves) or sum(w for _, w in self.moves) <= 0:
-            raise InputError("move weights must be non-negative and not all zero")
+        check_moves(self.moves, MOVES)
 
     @property
     def tune_generations(self) -> int:
         return self.generations // 10 if self.tune is None else int(self.tune)
+
+
+def check_moves(moves: tuple, known: tuple) -> None:
+    """`(name, weight)` pairs: known names, weights non-negative and not all zero."""
+    if unknown := sorted(set(dict(moves)) - set(known)):
+        raise InputError(f"unknown move {unknown[0]!r}: moves are {', '.join(known)}")
+    if any(w < 0 for _, w in moves) or sum(w for _, w in moves) <= 0:
+        raise InputError("move weights must be non-negative and not all zero")
 
 
 class ChainState(eqx.Module):

@@ -53,14 +53,14 @@ def write_tracer_logs(out: Path, draws: Draws, labels: dict | None = None) -> li
     return paths
 
 
-def _newick(topology: Topology, lengths: np.ndarray, notes: list[str]) -> str:
-    """Newick with tips as translate numbers (1-based) and `[&...]` notes on every branch."""
+def _newick(topology: Topology, lengths: np.ndarray, notes: list[str], root_note: str = "") -> str:
+    """Newick with tips as translate numbers (1-based) and `[&...]` notes on every branch (and `root_note`)."""
     children = topology.children
     text = [""] * topology.num_nodes
     for node in range(topology.num_nodes):  # children precede parents
         label = str(node + 1) if node < topology.num_tips else "(" + ",".join(text[c] for c in children[node]) + ")"
         if node == topology.root:
-            text[node] = label
+            text[node] = label + root_note
         else:
             text[node] = f"{label}{notes[node]}:{lengths[node]:.10g}"
     return text[topology.root] + ";"

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpyro.diagnostics import effective_sample_size
 
+from ._dated_start import height_ordered_tree
+from ._outputs import _newick
+
 
 
 @dataclass
@@ -65,28 +68,20 @@ class TimeTreeSamples:
 
 
 def time_tree_newick(parents, heights, rates=None, notes=None) -> str:
-    """A rooted time tree in Newick with translate numbers for tips, branch lengths in time, and
-    `[&height=h,rate=r]` (or `notes[v]`, a dict per node) on every node."""
-    parents, heights = np.asarray(parents), np.asarray(heights)
-    m = len(parents)
-    n = (m + 1) // 2
-    kids = [[] for _ in range(m)]
-    for node in np.argsort(heights, kind="stable"):
-        if parents[node] >= 0:
-            kids[parents[node]].append(int(node))
+    """A rooted time tree in Newick with translate numbers for tips, branch lengths in time (negative ones, from
+    median heights, clipped at 0), and `[&height=h,rate=r]` (or `notes[v]`, a dict per node) on every node."""
+    parents, heights = np.asarray(parents), np.asarray(heights, float)
+    n = (len(parents) + 1) // 2
+    tree, order = height_ordered_tree(parents, heights, tuple(map(str, range(n))))
 
     def note(v) -> str:
         values = notes[v] if notes is not None else {"height": heights[v], **({} if rates is None or parents[v] < 0
                                                                               else {"rate": rates[v]})}
         return "[&" + ",".join(f"{k}={_value(x)}" for k, x in values.items()) + "]"
 
-    def text(v) -> str:
-        inner = str(v + 1) if v < n else "(" + ",".join(text(c) for c in kids[v]) + ")"
-        if parents[v] < 0:
-            return inner + note(v)
-        return f"{inner}{note(v)}:{max(heights[parents[v]] - heights[v], 0.0):.10g}"
-
-    return text(int(np.argmin(parents)))
+    texts = [note(v) for v in order]
+    lengths = np.maximum(np.asarray(tree.branch_lengths), 0.0)
+    return _newick(tree.topology, lengths, texts, root_note=texts[-1])[:-1]
 
 
 def _value(x) -> str:
@@ -115,12 +110,14 @@ def hpd(values, mass: float = 0.95) -> tuple[float, float]:
     return float(x[i]), float(x[i + k - 1])
 
 
-def clade_frequencies(trees) -> dict[int, float]:
+def clade_frequencies(trees, masks=None) -> dict[int, float]:
+    """Every clade's frequency among `trees` (`masks`: their `clade_masks`, when already at hand)."""
+    masks = masks or [clade_masks(p, h) for p, h, _ in trees]
     counts: dict[int, int] = {}
-    for parents, heights, _ in trees:
-        for mask in clade_masks(parents, heights)[(len(parents) + 1) // 2:]:
+    for tree_masks in masks:
+        for mask in tree_masks[(len(tree_masks) + 1) // 2:]:
             counts[mask] = counts.get(mask, 0) + 1
-    return {mask: c / len(trees) for mask, c in counts.items()}
+    return {mask: c / len(masks) for mask, c in counts.items()}
 
 
 def mcc_tree(samples: TimeTreeSamples, taxa, burnin: float = 0.1, reference: float | None = None) -> str:
@@ -128,14 +125,16 @@ def mcc_tree(samples: TimeTreeSamples, taxa, burnin: float = 0.1, reference: flo
     trees = samples.kept_trees(burnin)
     if not trees:
         raise ValueError("no samples after burn-in")
-    frequency = clade_frequencies(trees)
+    masks = [clade_masks(p, h) for p, h, _ in trees]  # once per tree: the loops below are Python
+    frequency = clade_frequencies(trees, masks)
     n = len(taxa)
-    scores = [sum(math.log(frequency[mask]) for mask in clade_masks(p, h)[n:]) for p, h, _ in trees]
-    parents, heights, _ = trees[int(np.argmax(scores))]
-    best = clade_masks(parents, heights)
+    scores = [sum(math.log(frequency[mask]) for mask in tree_masks[n:]) for tree_masks in masks]
+    best_index = int(np.argmax(scores))
+    parents, heights, _ = trees[best_index]
+    best = masks[best_index]
     wanted = {mask: [] for mask in best}
-    for p, h, r in trees:
-        for node, mask in enumerate(clade_masks(p, h)):
+    for (_, h, r), tree_masks in zip(trees, masks):
+        for node, mask in enumerate(tree_masks):
             if mask in wanted:
                 wanted[mask].append((h[node], r[node]))
     notes, median_heights = [], np.zeros(len(parents))
