@@ -207,3 +207,23 @@ def _cached_schedule(topology: Topology, max_width: int | None) -> Schedule:
     widths = phase_widths(topology.num_tips, max_width)
     with jax.ensure_compile_time_eval():  # concrete arrays even when called while tracing
         return jax.device_get(device_schedule(jnp.asarray(parent)[None], widths))
+
+
+def trim_slots(schedule: Schedule) -> Schedule:
+    """A host schedule with only the slots its steps use (and the sentinel after them).
+
+    `device_schedule` must allow for any topology, `2(N-1) + W_0` slots; one
+    known topology's steps use `offsets[-1] + steps[-1] * widths[-1]`, close to
+    `N - 1`. The partials buffers have a row per slot, so this halves them
+    (1,000 taxa: 2,015 rows become about 1,000). The slot count is then a
+    property of the topology: for callers that compile per topology anyway
+    (static step counts), not for those that share one program.
+    """
+    steps, offsets = np.asarray(schedule.steps), np.asarray(schedule.offsets)
+    used = int(np.max(offsets[:, -1] + steps[:, -1] * schedule.widths[-1]))
+    n, slots = schedule.num_tips, schedule.num_slots
+    children = np.asarray(schedule.children)[:, :used]
+    children = np.where(children == n + slots, n + used, children)  # the sentinel's new id
+    layout = np.asarray(schedule.layout)
+    layout = np.concatenate([layout[:, :n + used], layout[:, -1:]], axis=1)
+    return Schedule(children, layout, steps, offsets, np.asarray(schedule.root_row), schedule.widths, n)

@@ -170,6 +170,56 @@ def test_schedule_covers_every_internal_node_once(max_width):
         assert slots == 2 * 299 + schedule.widths[0]
 
 
+def test_trimmed_schedule_has_a_row_per_used_slot_and_the_same_likelihood(monkeypatch):
+    """`trim_slots` (one known topology) keeps the used slots only; value and gradient are unchanged, looped
+    (buffers over `UNROLL_BYTES`) or unrolled."""
+    from jaxphylo import _schedule
+    from jaxphylo.likelihood import _peeling
+    from jaxphylo.likelihood._api import _pattern_log_likelihoods, branch_index, exact_steps, pattern_data
+
+    taxa = [f"t{i}" for i in range(200)]
+    tree = jp.random_topology_tree(taxa, seed=4)
+    model = jp.parse_model("HKY{2}+F{.3,.2,.2,.3}+G4{0.5}")
+    alignment = jp.simulate(tree, model, 300, seed=1)
+    full = jp.build_schedule(tree.topology, 32)
+    trimmed = _schedule.trim_slots(full)
+    assert 199 <= trimmed.num_slots < full.num_slots
+    assert int(trimmed.root_row[0]) < trimmed.num_slots
+    data = pattern_data(alignment, tree)
+    index = branch_index(tree.topology)
+
+    def value_and_grad(schedule):
+        total = lambda lengths: jnp.sum(data.weights * _pattern_log_likelihoods(  # noqa: E731
+            model, lengths, data, schedule, index, jnp.float64, exact_steps(schedule)))
+        return jax.value_and_grad(total)(tree.branch_lengths)
+
+    expected = value_and_grad(full)
+    for limit in (1 << 40, 0):  # unrolled, then looped
+        monkeypatch.setattr(_peeling, "UNROLL_BYTES", limit)
+        jax.clear_caches()  # the jitted kernel was traced under the other limit
+        value, grad = value_and_grad(trimmed)
+        assert float(value) == pytest.approx(float(expected[0]), rel=1e-13)
+        np.testing.assert_allclose(grad, expected[1], rtol=1e-10, atol=1e-10)
+
+
+def test_static_level_loops_unroll_only_small_buffers(monkeypatch):
+    """The XLA passes (a GPU's) unroll short static loops only while their buffers are under `UNROLL_BYTES`."""
+    from jaxphylo.likelihood import _cpu_kernel, _peeling
+
+    monkeypatch.setattr(_cpu_kernel, "available", lambda: False)  # the JAX kernels, as on a GPU
+    tree = jp.random_topology_tree([f"t{i}" for i in range(12)], seed=0)
+    model = jp.parse_model("JC")
+    data = jp.likelihood.pattern_data(jp.simulate(tree, model, 50, seed=0), tree)
+    loops = {}
+    for limit in (1 << 40, 0):
+        monkeypatch.setattr(_peeling, "UNROLL_BYTES", limit)
+        jax.clear_caches()
+        lowered = jax.jit(jax.grad(lambda lengths: jp.likelihood.data_log_likelihood(
+            data, tree.with_branch_lengths(lengths), model))).lower(tree.branch_lengths)
+        loops[limit] = lowered.as_text().count("stablehlo.while")
+    assert loops[1 << 40] == 0 and loops[0] > 0
+
+
 def test_device_schedule_matches_for_a_relabelled_tree():
     """Internal node numbers are arbitrary in kernel parent arrays (as moves leave them): same likelihood."""
     taxa = [f"t{i}" for i in range(30)]

@@ -10,7 +10,7 @@ from jaxtyping import Array, Float, Int
 
 from .._alignment import Alignment
 from .._errors import InputError, ModelError
-from .._schedule import Schedule, branch_index, build_schedule, device_schedule, phase_widths
+from .._schedule import Schedule, branch_index, build_schedule, device_schedule, phase_widths, trim_slots
 from .._tree import Tree, TreeBatch
 from ..models import Model
 from . import _cpu_kernel
@@ -217,7 +217,7 @@ def data_log_likelihood(data: PatternData, tree: Tree, model: Model, *, precisio
         raise InputError(f"pattern data for {data.tip_codes.shape[0] - 1} tips and {data.tip_table.shape[-1]} states "
                          f"do not fit a tree of {tree.num_tips} tips and a model of {states} states")
     dtype = PRECISIONS[precision]
-    schedule = schedule_for(tree, model, data, dtype)
+    schedule = trim_slots(schedule_for(tree, model, data, dtype))
     # Inside a user's jit a Tree's topology is static anyway (it retraces per topology), so the level loops
     # may take static lengths too: unrolled when short, measured ~40% faster on an H100 (issue #19 notes).
     per_pattern = _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, branch_index(tree.topology),

@@ -70,6 +70,10 @@ def write_rows(buffer: Float[Array, "B rows *rest"], block, start: Int[Array, " 
 
 
 UNROLL_STEPS = 64  # unroll the level loops up to this many steps in all: no loop overhead, bounded compile time
+# ... and only while the buffers they carry are small. Unrolled, XLA keeps extra copies of the buffers along
+# the chain of row writes: on an H100/H200 at 1,000 taxa x 50,000 patterns (float64, value and gradient) the
+# unrolled passes held 34.6 GiB against 15.3 looped and took 206 ms against 156 (issue #20 notes).
+UNROLL_BYTES = 1 << 28
 
 
 def level_loop(schedule: Schedule, body, carry, reverse=False, static_steps=None):
@@ -81,12 +85,14 @@ def level_loop(schedule: Schedule, body, carry, reverse=False, static_steps=None
     accumulators can skip it). Step counts are data, so any topology of N
     taxa shares one compiled program. `static_steps` gives Python counts
     instead (at least the real ones, `exact_steps`): then the loops are
-    unrolled when short, and plain reverse-mode autodiff can pass through them.
+    unrolled when short and their buffers small, and plain reverse-mode
+    autodiff can pass through them.
     Measured on an H100 (benchmarks/results/likelihood-gpu.json, issue #19 notes):
     static counts padded to shared buckets cost more in extra steps and compile
     time than the while loops they save, so the default keeps counts as data.
     """
-    unroll = static_steps is not None and sum(static_steps) <= UNROLL_STEPS
+    carried = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(carry))
+    unroll = static_steps is not None and sum(static_steps) <= UNROLL_STEPS and carried <= UNROLL_BYTES
     phases = list(enumerate(schedule.widths))
     for j, width in reversed(phases) if reverse else phases:
         steps = schedule.steps[:, j]
