@@ -15,6 +15,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jaxtyping import Array, Float, Int
 
 from .._precision import product_precision
@@ -42,16 +43,34 @@ def pattern_log_likelihoods(
 
 def _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, static_steps=None):
     partials, log_scales = post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
-    log_likelihoods = log_likelihoods_from(partials, log_scales, root_frequencies, category_weights, schedule)
-    return log_likelihoods, (transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, partials)
+    return log_likelihoods_from(partials, log_scales, root_frequencies, category_weights, schedule), partials
 
 
-def _backward(static_steps, residuals, pattern_cotangent):
-    transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, partials = residuals
+def _forward_rule(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, static_steps):
+    # Arguments arrive as `CustomVJPPrimal(value, perturbed)` (symbolic zeros). The tip table is data, rarely
+    # differentiated, and its cotangent costs a [B, N+1, P, S] buffer that every step scatter-adds into:
+    # it is computed only when the table is perturbed (its presence in the residuals says so).
+    table_wanted = tip_table.perturbed
+    transition, root_frequencies, category_weights, tip_codes, tip_table, schedule = jax.tree_util.tree_map(
+        lambda a: a.value, (transition, root_frequencies, category_weights, tip_codes, tip_table, schedule),
+        is_leaf=lambda a: isinstance(a, CustomVJPPrimal))
+    values, partials = _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule,
+                                static_steps)
+    residuals = (transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, partials)
+    return values, (residuals, () if table_wanted else None)
+
+
+def _backward(static_steps, saved, pattern_cotangent):
+    (transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, partials), table_wanted = saved
+    if isinstance(pattern_cotangent, SymbolicZero):
+        return (None,) * 6
+    table_wanted = table_wanted is not None
     num_tips, patterns = tip_codes.shape[0] - 1, tip_codes.shape[1]
     states = tip_table.shape[1]
-    visit = transition_cotangent_visitor(pattern_cotangent, num_tips)
-    start = (jnp.zeros_like(transition), jnp.zeros((transition.shape[0], num_tips + 1, patterns, states), transition.dtype))
+    visit = transition_cotangent_visitor(pattern_cotangent, num_tips, table_wanted)
+    start = (jnp.zeros_like(transition),
+             jnp.zeros((transition.shape[0], num_tips + 1, patterns, states), transition.dtype) if table_wanted
+             else None)
     _, (d_transition, d_tips) = pre_order_partials(
         transition, root_frequencies, category_weights, partials, tip_codes, tip_table, schedule, visit, start,
         static_steps)
@@ -59,10 +78,12 @@ def _backward(static_steps, residuals, pattern_cotangent):
     ratio = pattern_cotangent / root_likelihoods(partials, root_frequencies, category_weights, schedule)
     d_root = jnp.einsum("bp,bc,bcps->bs", ratio, category_weights, root, precision=product_precision())
     d_weights = jnp.einsum("bp,bs,bcps->bc", ratio, root_frequencies, root, precision=product_precision())
-    d_table = jax.ops.segment_sum(
-        jnp.sum(d_tips[:, :num_tips], axis=0).reshape(-1, states), tip_codes[:num_tips].reshape(-1),
-        num_segments=tip_table.shape[0])
+    d_table = None
+    if table_wanted:
+        d_table = jax.ops.segment_sum(
+            jnp.sum(d_tips[:, :num_tips], axis=0).reshape(-1, states), tip_codes[:num_tips].reshape(-1),
+            num_segments=tip_table.shape[0])
     return d_transition, d_root, d_weights, None, d_table, None
 
 
-pattern_log_likelihoods.defvjp(_forward, _backward)
+pattern_log_likelihoods.defvjp(_forward_rule, _backward, symbolic_zeros=True)

@@ -75,8 +75,9 @@ def _add_to_children(total, children, values):
     return total.at[batch, children].add(values)
 
 
-def transition_cotangent_visitor(pattern_cotangent: Float[Array, "B patterns"], num_tips: int):
-    """Accumulate `sum_c g_c d log L_c / d P_i` per branch, and `d / d p_tip` per tree, tip and pattern."""
+def transition_cotangent_visitor(pattern_cotangent: Float[Array, "B patterns"], num_tips: int, tips: bool = True):
+    """Accumulate `sum_c g_c d log L_c / d P_i` per branch, and (with `tips`) `d / d p_tip` per tree, tip and
+    pattern (else that accumulator stays None)."""
 
     def visit(accumulator, children, s, p, up, inverse_norm):
         d_transition, d_tips = accumulator
@@ -84,9 +85,11 @@ def transition_cotangent_visitor(pattern_cotangent: Float[Array, "B patterns"], 
         d_transition = _add_to_children(
             d_transition, children,
             jnp.einsum("bwkcps,bwp,bwkcpt->bwkcst", s, alpha, p, precision=product_precision()))
-        # Per tree, so that no two updates meet (each tip is one child once); other children land on the spare row.
-        tip = jnp.where(children < num_tips, children, num_tips)
-        d_tips = _add_to_children(d_tips, tip, jnp.sum(up, axis=3) * alpha[:, :, None, :, None])
+        if tips:
+            # Per tree, so that no two updates meet (each tip is one child once); other children land on the
+            # spare row.
+            tip = jnp.where(children < num_tips, children, num_tips)
+            d_tips = _add_to_children(d_tips, tip, jnp.sum(up, axis=3) * alpha[:, :, None, :, None])
         return d_transition, d_tips
 
     return visit
