@@ -36,7 +36,7 @@ def pre_order_partials(
     accumulator=(),
     static_steps=None,
 ):
-    """Rescaled `q` of every slot (rows as in `partials`) and the visitor's result.
+    """Rescaled `q` of every slot (rows as in `partials`; the sentinel row stays ones) and the visitor's result.
 
     `visit(accumulator, children [B, W, 2], s, p, up, inverse_norm [B, W, P])`
     is called once per step with `s`, the children's partials `p` and
@@ -63,8 +63,12 @@ def pre_order_partials(
         up = apply_transition(jnp.swapaxes(matrices, -1, -2), s)
         if visit is not None:
             accumulator = visit(accumulator, children, s, p, up, inverse_norm)
-        rows = jnp.where(children < num_tips, partials.shape[1] - 1, children - num_tips)
-        return q.at[batch[:, None, None], rows].set(rescale(up)[0]), accumulator
+        # Only internal children's q is kept; tips and the padding's sentinel go out of range and are dropped,
+        # so the rows written are distinct and the scatter needs no ordering between its updates.
+        kept = (children >= num_tips) & (children != sentinel)
+        rows = jnp.where(kept, children - num_tips, q.shape[1])
+        q = q.at[batch[:, None, None], rows].set(rescale(up)[0], mode="drop", unique_indices=True)
+        return q, accumulator
 
     return level_loop(schedule, body, (q, accumulator), reverse=True, static_steps=static_steps)
 
