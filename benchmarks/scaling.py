@@ -2,6 +2,13 @@
 
     python benchmarks/scaling.py [--taxa 1000] [--patterns 100000] [--devices 1,2] [--mode strong|batch]
                                  [--trees-per-device 4] [--repeats 10] [--precision float64] [--out DIR]
+    python benchmarks/scaling.py --mode mc3|bootstrap --alignment ALN [--model GTR+G4] [--per-device 2]
+                                 [--generations 1000] [--devices 1,2]
+
+`mc3` and `bootstrap` (weak scaling of whole runs): `--per-device` MC3 runs
+(4 chains, `--generations`) or bootstrap replicates per device on a real
+alignment, the batch over the devices, each run made twice (compile, then
+timed).
 
 `strong` (the default): one tree of TAXA x PATTERNS random patterns (HKY+G4, a
 random topology), `jax.value_and_grad` of `sharded_log_likelihood` with
@@ -59,8 +66,47 @@ def allreduce_seconds(mesh, size: int, repeats: int) -> float:
     return time_call(lambda: total(values), repeats)[1]
 
 
+def one_application(args, count: int) -> dict:
+    """Weak scaling of a whole MC3 run or bootstrap: `--per-device` runs (replicates) on each of `count` devices.
+
+    The run is made twice with the same shapes: the first compiles, the second is timed (`median_s` is its
+    wall time, `compile_s` the first's surplus).
+    """
+    devices = jax.devices()[:count]
+    alignment = jp.read_alignment(args.alignment)
+    model = jp.parse_model(args.model)
+    batch = args.per_device * count
+    if args.mode == "mc3":
+        mesh = jp.device_mesh(devices, batch=count, patterns=1)
+        settings = jp.inference.MC3Settings(runs=batch, chains=4, generations=args.generations, sample_every=10,
+                                            block=50)
+        run = lambda: jp.inference.mc3(alignment, model, settings=settings, seed=args.seed, mesh=mesh)  # noqa: E731
+    else:
+        mesh = jp.device_mesh(devices, trees=batch, num_patterns=alignment.site_patterns().weights.shape[0])
+        start = jp.bionj(jp.distances(alignment, saturated=5.0), alignment.taxa)
+        fitted = jp.ml.fit(alignment, start, model)
+        run = lambda: jp.ml.bootstrap(alignment, fitted, replicates=batch, seed=args.seed, mesh=mesh)  # noqa: E731
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        jax.block_until_ready(jax.tree_util.tree_leaves(run()))
+        times.append(time.perf_counter() - start)
+    return {"devices": count, "mesh": dict(mesh.shape), "alignment": Path(args.alignment).parent.name,
+            "model": args.model, "batch": batch, "generations": args.generations if args.mode == "mc3" else None,
+            "patterns_per_device": int(alignment.site_patterns().weights.shape[0]),
+            "compile_s": times[0] - times[1], "median_s": times[1], "xla_bytes_per_device": None,
+            "peak_bytes_per_device": _peak(devices), "allreduce_s": 0.0, "repeats": 1}
+
+
+def _peak(devices):
+    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices if d.platform != "cpu"]
+    return max(peaks) if peaks and None not in peaks else None
+
+
 def one_count(args, count: int) -> dict:
     """One device count, in this process: compile, time, memory."""
+    if args.mode in ("mc3", "bootstrap"):
+        return one_application(args, count)
     devices = jax.devices()[:count]
     tree, model, data = make_case("4", args.taxa, args.patterns, seed=args.seed)
     if args.mode == "strong":
@@ -95,13 +141,12 @@ def one_count(args, count: int) -> dict:
     if memory is not None:
         xla_bytes = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
     median = time_call(lambda: compiled(dynamic), args.repeats)[1]
-    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices if d.platform != "cpu"]
     leaves = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(eqx.filter((model, lengths), eqx.is_array)))
     return {"devices": count, "mesh": dict(mesh.shape), "taxa": args.taxa, "patterns": args.patterns,
             "trees": 1 if batch is None else len(batch), "precision": args.precision,
             "patterns_per_device": sharded.tip_codes.shape[1] // mesh.shape["patterns"],
             "compile_s": compile_s, "median_s": median, "xla_bytes_per_device": xla_bytes,
-            "peak_bytes_per_device": max(peaks) if peaks and None not in peaks else None,
+            "peak_bytes_per_device": _peak(devices),
             "allreduce_s": allreduce_seconds(mesh, leaves, args.repeats) if count > 1 else 0.0,
             "repeats": args.repeats}
 
@@ -115,8 +160,12 @@ def main() -> None:
     parser.add_argument("--taxa", type=int, default=1000)
     parser.add_argument("--patterns", type=int, default=100_000)
     parser.add_argument("--devices", help="device counts, comma-separated (default: 1, 2, 4, ... up to all visible)")
-    parser.add_argument("--mode", choices=("strong", "batch"), default="strong")
+    parser.add_argument("--mode", choices=("strong", "batch", "mc3", "bootstrap"), default="strong")
     parser.add_argument("--trees-per-device", type=int, default=4, help="batch mode: trees per device")
+    parser.add_argument("--alignment", help="mc3 and bootstrap modes: the alignment")
+    parser.add_argument("--model", default="GTR+G4", help="mc3 and bootstrap modes: the model")
+    parser.add_argument("--per-device", type=int, default=2, help="mc3: runs per device; bootstrap: replicates")
+    parser.add_argument("--generations", type=int, default=1000, help="mc3: generations per chain")
     parser.add_argument("--precision", choices=("float64", "float32"), default="float64")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -150,9 +199,14 @@ def main() -> None:
         if base is not None:
             n = row["devices"]
             row["efficiency"] = base / (n * row["median_s"]) if args.mode == "strong" else base / row["median_s"]
-    trees = f", {args.trees_per_device} trees per device" if args.mode == "batch" else ""
-    print(f"# {args.mode} scaling, {args.taxa} taxa x {args.patterns} patterns{trees}, value + gradient, "
-          f"{args.precision}, {record['device']} ({record['platform']}), {visible} visible")
+    if args.mode in ("mc3", "bootstrap"):
+        unit = "runs of 4 chains" if args.mode == "mc3" else "replicates"
+        print(f"# {args.mode} weak scaling, {args.alignment} {args.model}, {args.per_device} {unit} per device, "
+              f"{record['device']} ({record['platform']}), {visible} visible; median ms = one whole run")
+    else:
+        trees = f", {args.trees_per_device} trees per device" if args.mode == "batch" else ""
+        print(f"# {args.mode} scaling, {args.taxa} taxa x {args.patterns} patterns{trees}, value + gradient, "
+              f"{args.precision}, {record['device']} ({record['platform']}), {visible} visible")
     print(f"{'devices':>7} {'mesh':>10} {'P/device':>9} {'compile s':>9} {'median ms':>10} {'all-reduce ms':>13} "
           f"{'XLA/device':>11} {'peak/device':>11} {'efficiency':>10}")
     for row in good:
