@@ -170,11 +170,16 @@ def test_schedule_covers_every_internal_node_once(max_width):
         assert slots == 2 * 299 + schedule.widths[0]
 
 
-def test_trimmed_schedule_has_a_row_per_used_slot_and_the_same_likelihood(monkeypatch):
-    """`trim_slots` (one known topology) keeps the used slots only; value and gradient are unchanged, looped
-    (buffers over `UNROLL_BYTES`) or unrolled."""
+@pytest.mark.parametrize("kernel", ["cpu", "jax"])
+def test_trimmed_schedule_has_a_row_per_used_slot_and_the_same_likelihood(kernel, monkeypatch):
+    """`trim_slots` (one known topology) keeps the used slots only; value and gradient are unchanged, with the
+    C++ kernel and with the JAX kernels (a GPU's)."""
     from jaxphylo import _schedule
-    from jaxphylo.likelihood import _peeling
+    from jaxphylo.likelihood import _cpu_kernel
+
+    if kernel == "jax":
+        monkeypatch.setattr(_cpu_kernel, "available", lambda: False)
+        jax.clear_caches()  # the jitted kernel choice is made when tracing
     from jaxphylo.likelihood._api import _pattern_log_likelihoods, branch_index, exact_steps, pattern_data
 
     taxa = [f"t{i}" for i in range(200)]
@@ -194,30 +199,11 @@ def test_trimmed_schedule_has_a_row_per_used_slot_and_the_same_likelihood(monkey
         return jax.value_and_grad(total)(tree.branch_lengths)
 
     expected = value_and_grad(full)
-    for limit in (1 << 40, 0):  # unrolled, then looped
-        monkeypatch.setattr(_peeling, "UNROLL_BYTES", limit)
-        jax.clear_caches()  # the jitted kernel was traced under the other limit
-        value, grad = value_and_grad(trimmed)
-        assert float(value) == pytest.approx(float(expected[0]), rel=1e-13)
-        np.testing.assert_allclose(grad, expected[1], rtol=1e-10, atol=1e-10)
-
-
-def test_static_level_loops_unroll_only_small_buffers(monkeypatch):
-    """The XLA passes (a GPU's) unroll short static loops only while their buffers are under `UNROLL_BYTES`."""
-    from jaxphylo.likelihood import _cpu_kernel, _peeling
-
-    monkeypatch.setattr(_cpu_kernel, "available", lambda: False)  # the JAX kernels, as on a GPU
-    tree = jp.random_topology_tree([f"t{i}" for i in range(12)], seed=0)
-    model = jp.parse_model("JC")
-    data = jp.likelihood.pattern_data(jp.simulate(tree, model, 50, seed=0), tree)
-    loops = {}
-    for limit in (1 << 40, 0):
-        monkeypatch.setattr(_peeling, "UNROLL_BYTES", limit)
-        jax.clear_caches()
-        lowered = jax.jit(jax.grad(lambda lengths: jp.likelihood.data_log_likelihood(
-            data, tree.with_branch_lengths(lengths), model))).lower(tree.branch_lengths)
-        loops[limit] = lowered.as_text().count("stablehlo.while")
-    assert loops[1 << 40] == 0 and loops[0] > 0
+    value, grad = value_and_grad(trimmed)
+    assert float(value) == pytest.approx(float(expected[0]), rel=1e-13)
+    np.testing.assert_allclose(grad, expected[1], rtol=1e-10, atol=1e-10)
+    if kernel == "jax":
+        jax.clear_caches()  # later tests get the C++ kernel again
 
 
 def test_device_schedule_matches_for_a_relabelled_tree():

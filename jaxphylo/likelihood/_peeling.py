@@ -31,7 +31,9 @@ def apply_transition(
 ) -> Float[Array, "*batch C patterns S"]:
     """`(P x)_i = sum_j P_ij x_j` for every pattern."""
     if p.shape[-1] <= SMALL_STATE_SPACE:
-        return jnp.sum(p[..., None, :, :] * x[..., :, None, :], axis=-1)
+        # Written out over j, so that XLA sees elementwise work it can fuse into what consumes the messages,
+        # not a reduction whose output must go through memory first.
+        return sum(p[..., None, :, j] * x[..., j:j + 1] for j in range(p.shape[-1]))
     return jnp.einsum("...cij,...cpj->...cpi", p, x, precision=product_precision())
 
 
@@ -69,13 +71,6 @@ def write_rows(buffer: Float[Array, "B rows *rest"], block, start: Int[Array, " 
     return jax.vmap(lambda b, x, s: lax.dynamic_update_slice_in_dim(b, x, s, 0))(buffer, block, start)
 
 
-UNROLL_STEPS = 64  # unroll the level loops up to this many steps in all: no loop overhead, bounded compile time
-# ... and only while the buffers they carry are small. Unrolled, XLA keeps extra copies of the buffers along
-# the chain of row writes: on an H100/H200 at 1,000 taxa x 50,000 patterns (float64, value and gradient) the
-# unrolled passes held 34.6 GiB against 15.3 looped and took 206 ms against 156 (issue #20 notes).
-UNROLL_BYTES = 1 << 28
-
-
 def level_loop(schedule: Schedule, body, carry, reverse=False, static_steps=None):
     """Run `body(carry, start [B], real [B], width)` over every step of the schedule.
 
@@ -84,15 +79,17 @@ def level_loop(schedule: Schedule, body, carry, reverse=False, static_steps=None
     block, which leaves every value as it was (`real` is False there, so that
     accumulators can skip it). Step counts are data, so any topology of N
     taxa shares one compiled program. `static_steps` gives Python counts
-    instead (at least the real ones, `exact_steps`): then the loops are
-    unrolled when short and their buffers small, and plain reverse-mode
-    autodiff can pass through them.
+    instead (at least the real ones, `exact_steps`): fixed-length loops,
+    which plain reverse-mode autodiff can pass through. Loops are never
+    unrolled: on an H100 (float64, value and gradient,
+    benchmarks/results/kernel-versions-gpu.json) unrolled passes were slower
+    at every size but one (12 x 413: 0.89 ms against 0.73 looped; 1,000 x
+    1,000: 10.4 against 4.5; 100 x 1,000: 1.29 against 1.51), compiled up to
+    5x longer, and held up to 2.7x the memory.
     Measured on an H100 (benchmarks/results/likelihood-gpu.json, issue #19 notes):
     static counts padded to shared buckets cost more in extra steps and compile
     time than the while loops they save, so the default keeps counts as data.
     """
-    carried = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(carry))
-    unroll = static_steps is not None and sum(static_steps) <= UNROLL_STEPS and carried <= UNROLL_BYTES
     phases = list(enumerate(schedule.widths))
     for j, width in reversed(phases) if reverse else phases:
         steps = schedule.steps[:, j]
@@ -104,11 +101,7 @@ def level_loop(schedule: Schedule, body, carry, reverse=False, static_steps=None
             start = jnp.where(real, schedule.offsets[:, j] + i * width, schedule.root_row)
             return body(carry, start, real, width)
 
-        if unroll:
-            for i in range(num_steps):
-                carry = step(i, carry)
-        else:
-            carry = lax.fori_loop(0, num_steps, step, carry)
+        carry = lax.fori_loop(0, num_steps, step, carry)
     return carry
 
 

@@ -434,7 +434,7 @@ def partitioned_data_log_likelihoods(data: PartitionedData, tree, model: Partiti
     widest = max(g.tip_codes.shape[0] * g.tip_codes.shape[2] * g.tip_table.shape[2] *
                  jax.eval_shape(model.models[g.parts[0]].rate_categories)[1].shape[0] for g in data.groups)
     schedule = build_schedule(tree.topology, max(1, STEP_BYTES // (widest * jnp.dtype(dtype).itemsize)))
-    # Static step counts make the JAX kernel's level loops unrollable (faster on GPUs); the C++ CPU kernel
+    # Static step counts give the JAX kernel's level loops trip counts XLA knows; the C++ CPU kernel
     # ignores them, and leaving them out there lets every topology of a size share one program.
     cpu = jax.default_backend() == "cpu" and _cpu_kernel.available()
     return _part_log_likelihoods(model.models, model.part_branch_lengths(tree.branch_lengths), data, schedule,
