@@ -172,6 +172,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one count, print its row
     args = parser.parse_args()
+    if args.mode in ("mc3", "bootstrap") and not args.alignment:
+        parser.error(f"--mode {args.mode} needs --alignment")
     if args.one is not None:
         print("ROW " + json.dumps(one_count(args, args.one)), flush=True)
         return

@@ -17,7 +17,8 @@ is `t`, slot `r` is `N + r`, and `N + R` is a sentinel (a row of ones, a
 zero-length branch) that padding slots take as their children. Phase widths
 and `R` depend only on `N` and `max_width`; everything else is data, computed
 by `device_schedule` inside jit from the parent array, so every topology of N
-taxa runs one compiled program, and moves that edit parent arrays on the
+taxa runs one compiled program (`trim_slots` cuts a one-tree schedule to the
+slots its topology uses, for callers that compile per topology anyway), and moves that edit parent arrays on the
 device never go back to the host. `max_width` bounds the temporaries of one
 step (a few `[width, C, P, S]` arrays).
 """
@@ -217,8 +218,12 @@ def trim_slots(schedule: Schedule) -> Schedule:
     `N - 1`. The partials buffers have a row per slot, so this halves them
     (1,000 taxa: 2,015 rows become about 1,000). The slot count is then a
     property of the topology: for callers that compile per topology anyway
-    (static step counts), not for those that share one program.
+    (static step counts), not for those that share one program. One tree only:
+    in a batch, a tree with fewer steps than the longest recomputes its root's
+    block, which may reach past the slots the longest uses.
     """
+    if schedule.batch_size != 1:
+        raise ValueError(f"trim_slots takes the schedule of one tree, not of {schedule.batch_size}")
     steps, offsets = np.asarray(schedule.steps), np.asarray(schedule.offsets)
     used = int(np.max(offsets[:, -1] + steps[:, -1] * schedule.widths[-1]))
     n, slots = schedule.num_tips, schedule.num_slots
