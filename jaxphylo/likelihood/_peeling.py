@@ -23,16 +23,19 @@ from jaxtyping import Array, Float, Int
 from .._precision import product_precision
 from .._schedule import Schedule
 
-SMALL_STATE_SPACE = 8  # below this, P x as a broadcast multiply-add beats a batched matmul
+SMALL_STATE_SPACE = 8  # up to this, on a GPU, P x as multiply-adds written out beats a batched matmul
 
 
 def apply_transition(
     p: Float[Array, "*batch C S S"], x: Float[Array, "*batch C patterns S"]
 ) -> Float[Array, "*batch C patterns S"]:
     """`(P x)_i = sum_j P_ij x_j` for every pattern."""
-    if p.shape[-1] <= SMALL_STATE_SPACE:
-        # Written out over j, so that XLA sees elementwise work it can fuse into what consumes the messages,
-        # not a reduction whose output must go through memory first.
+    if p.shape[-1] <= SMALL_STATE_SPACE and jax.default_backend() != "cpu":
+        # On a GPU, written out over j, so that XLA sees elementwise work it can fuse into what consumes the
+        # messages, not a reduction whose output must go through memory first (the matmul form was slower
+        # inside the passes there: benchmarks/results/kernel-versions-gpu.json). On a CPU the matmul form
+        # compiles and runs fastest (a batch of 8 DS1 trees' gradient: 4.9 s / 133 ms, against 5.7 s / 132 ms
+        # written out and 5.2 s / 236 ms as a broadcast sum).
         return sum(p[..., None, :, j] * x[..., j:j + 1] for j in range(p.shape[-1]))
     return jnp.einsum("...cij,...cpj->...cpi", p, x, precision=product_precision())
 
