@@ -17,9 +17,9 @@ is `t`, slot `r` is `N + r`, and `N + R` is a sentinel (a row of ones, a
 zero-length branch) that padding slots take as their children. Phase widths
 and `R` depend only on `N` and `max_width`; everything else is data, computed
 by `device_schedule` inside jit from the parent array, so every topology of N
-taxa runs one compiled program (`trim_slots` cuts a one-tree schedule to the
-slots its topology uses, for callers that compile per topology anyway), and moves that edit parent arrays on the
-device never go back to the host. `max_width` bounds the temporaries of one
+taxa runs one compiled program, and moves that edit parent arrays on the
+device never go back to the host (`trim_slots` cuts a one-tree schedule to the
+slots its topology uses, for callers that compile per topology anyway). `max_width` bounds the temporaries of one
 step (a few `[width, C, P, S]` arrays).
 """
 
@@ -225,7 +225,7 @@ def trim_slots(schedule: Schedule) -> Schedule:
     if schedule.batch_size != 1:
         raise ValueError(f"trim_slots takes the schedule of one tree, not of {schedule.batch_size}")
     steps, offsets = np.asarray(schedule.steps), np.asarray(schedule.offsets)
-    used = int(np.max(offsets[:, -1] + steps[:, -1] * schedule.widths[-1]))
+    used = int(offsets[0, -1] + steps[0, -1] * schedule.widths[-1])  # the last phase ends at the root
     n, slots = schedule.num_tips, schedule.num_slots
     children = np.asarray(schedule.children)[:, :used]
     children = np.where(children == n + slots, n + used, children)  # the sentinel's new id
