@@ -297,7 +297,7 @@ def _ml_select(alignment, start, partitions, args, prefix, log):
 
 
 def _ml_dry_run(alignment, start, model, args, settings) -> None:
-    """The memory and time of the search's widest evaluation (the SPR chunk, or twice the batch)."""
+    """The memory and time of the search's widest evaluation (twice the batch of trees)."""
     import jaxphylo as jp
     from jaxphylo._resources import plan
     from jaxphylo.likelihood import pattern_data
@@ -305,7 +305,7 @@ def _ml_dry_run(alignment, start, model, args, settings) -> None:
     tree = start or jp.random_topology_tree(alignment.taxa, seed=args.seed)
     largest = "GTR+F+R10" if alignment.alphabet.num_states == 4 else "LG+F+R10"  # MF/MFP: the largest candidate
     model, _ = jp.ml._fit.resolve_model(largest if args.model.upper() in ("MF", "MFP") else model, alignment)
-    batch = max(2 * max(args.batch, args.starts), settings.spr_chunk if args.radius else 0)
+    batch = 2 * max(args.batch, args.starts)
     data = jp.models.partitioned_data(alignment, tree, model) if isinstance(model, jp.PartitionedModel) else \
         pattern_data(alignment, tree)
     plan(data, tree, model, args.precision, batch, True, alignment.num_sites,

@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -122,3 +123,22 @@ def internal_state_terms(alignment, tree, model):
                     row = transition[node, c, state[up]]
                     term = term * (tips[node] @ row if node < topo.num_tips else row[state[node]])
             yield state, term
+
+
+def check_spr_scores(alignment, model, data, trees, lengths, radius: int, log_l):
+    """Every pruning's best regraft of `trees[0]`, built as a tree with its three fitted branches, has the log L
+    that `spr_scores` gave it (`log_l(parents, lengths)` evaluates a batch of kernel trees)."""
+    from jaxphylo._schedule import phase_widths
+    from jaxphylo.ml._spr import regrafted_tree, spr_scores
+
+    n = len(alignment.taxa)
+    scores = jax.jit(spr_scores, static_argnums=(5, 6, 7))(trees.parents[0], lengths[0], model, data, data.weights,
+                                                           phase_widths(n), jnp.float64, radius)
+    gains = np.asarray(scores.gains)
+    assert gains.shape == (3 * (n - 1),) and np.isfinite(gains).sum() > n  # the root's three are never valid
+    built = [regrafted_tree(np.asarray(trees.parents[0]), np.asarray(lengths[0]), scores.nodes[j], scores.lengths[j])
+             for j in np.flatnonzero(np.isfinite(gains))]
+    parents, new_lengths = (jnp.asarray(np.stack(x)) for x in zip(*built))
+    np.testing.assert_allclose(log_l(parents, new_lengths) - log_l(trees.parents, lengths)[0],
+                               gains[np.isfinite(gains)], atol=1e-8)
+    return scores

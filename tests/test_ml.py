@@ -27,8 +27,9 @@ from jaxphylo._checkpoint import Interrupted
 from jaxphylo._schedule import phase_widths
 from jaxphylo.likelihood import batch_data_log_likelihoods, pattern_data
 from jaxphylo.ml._nni import apply_nnis, nni_scores
+from jaxphylo.ml._spr import regraft_edges
 from jaxphylo.ml._search import kernel_batch
-from conftest import StopAfter, dataset, require, sigterm_at_random_moment, write_fasta
+from conftest import StopAfter, check_spr_scores, dataset, require, sigterm_at_random_moment, write_fasta
 
 
 def iqtree_fit(alignment_path, tree_path, model, workdir, data_type=None) -> float:
@@ -101,6 +102,42 @@ def test_nni_scores_equal_whole_tree_likelihoods():
                                        atol=1e-8)
 
 
+def test_spr_scores_equal_whole_tree_likelihoods():
+    """The lazy SPR scores are exact for the tree they describe (every other branch keeps its length)."""
+    alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(9)], seed=4), jp.parse_model("JC"),
+                            200, seed=2)
+    model = jp.parse_model("HKY{2.5}+F{0.3,0.2,0.2,0.3}+G4{0.3}")
+    trees = kernel_batch([jp.random_topology_tree(alignment.taxa, seed=7)])
+    data = pattern_data(alignment, trees)
+    log_l = lambda p, l: batch_data_log_likelihoods(data, jp.TreeBatch(p, l, trees.taxa), model)  # noqa: E731
+    scores = check_spr_scores(alignment, model, data, trees, trees.branch_lengths, 3, log_l)
+    assert np.all(np.asarray(scores.lengths) >= 1e-6)
+
+
+@pytest.mark.parametrize("radius", [1, 4])
+def test_regraft_edges_are_those_within_the_radius(radius):
+    """The device's regraft slots of every pruning are exactly the edges 1..radius edges from the joined one."""
+    tree = jp.random_topology_tree([f"t{i}" for i in range(12)], seed=3)
+    batch = kernel_batch([tree])
+    parent, lengths = np.asarray(batch.parents[0]), np.asarray(batch.branch_lengths[0])
+    found = regraft_edges(batch.parents[0], batch.branch_lengths[0], radius)
+    assert len(found) == 3 * (12 - 2)  # every pruning of the unrooted tree
+    neighbours, _ = ml._rooting.unrooted(parent, lengths)
+    for (u, v), edges in found.items():
+        s1, s2 = (k for k in neighbours[u] if k != v)
+        pruned = {k: set(around) - {u} for k, around in enumerate(neighbours) if k not in (u,)}
+        pruned[s1].add(s2), pruned[s2].add(s1)
+        distance, frontier, expected = {s1: 0, s2: 0}, [s1, s2], set()
+        while frontier:  # breadth-first from the joined edge's ends, never into v's side
+            x = frontier.pop(0)
+            for y in pruned[x] - {v}:
+                if {x, y} != {s1, s2} and distance[x] < radius and y not in distance:
+                    expected.add(frozenset((x, y)))
+                    distance[y] = distance[x] + 1
+                    frontier.append(y)
+        assert edges == expected, (u, v)
+
+
 @pytest.fixture(scope="module")
 def simulated():
     """A 10-taxon tree with clear signal, its alignment, and the search result (shared: one compilation)."""
@@ -141,7 +178,8 @@ def test_a_search_compiles_a_fixed_set_of_programs(simulated):
     finally:
         logger.removeHandler(handler)
     compiled = [r for r in records if "Compiling" in r and "search" not in r]
-    heavy = [r for r in compiled if any(k in r for k in ("lengths", "propose", "perturb", "tree_log", "minimise", "nni"))]
+    heavy = [r for r in compiled
+             if any(k in r for k in ("lengths", "propose", "perturb", "tree_log", "minimise", "nni", "spr"))]
     assert heavy == [], heavy
 
 
@@ -301,6 +339,7 @@ def test_ml_dry_run_prints_the_cost_and_writes_nothing(tmp_path):
     alignment, _ = jp.example_paths()
     result = run_cli("ml", str(Path(alignment).resolve()), "-m", "HKY+G4", "--dry-run", "--out", str(tmp_path / "x"))
     assert result.returncode == 0, result.stderr
-    assert "16 taxa" in result.stderr and "likelihood and gradient of 64 trees at once" in result.stderr
+    # The widest evaluation: twice the batch of 4 trees (an NNI round's re-fits, and SPR's)
+    assert "16 taxa" in result.stderr and "likelihood and gradient of 8 trees at once" in result.stderr
     assert "one likelihood-and-gradient" in result.stderr
     assert list(tmp_path.iterdir()) == []

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import require
+from conftest import check_spr_scores, require
 
 import jaxphylo as jp
 from jaxphylo import ml
@@ -132,6 +132,29 @@ def test_partitioned_nni_scores_and_newton_derivatives_are_exact(tmp_path):
     step = jnp.zeros_like(lengths).at[:, 11, 2].set(h)
     up, down = log_l(trees.parents, lengths + step, model), log_l(trees.parents, lengths - step, model)
     np.testing.assert_allclose(first[:, 11, 2], (up - down) / (2 * h), rtol=1e-5)
+
+
+def test_partitioned_spr_scores_are_exact(tmp_path):
+    """Lazy SPR scores summed over the parts of two groups equal the regrafted trees' partitioned log L: with
+    linked lengths (`r_k t` in part k, one set of new branches) and unlinked ones (each part fits its own)."""
+    alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(8)], seed=4), jp.parse_model("JC"),
+                            240, seed=2)
+    scheme = read_partitions(write(tmp_path / "p.nex", "#nexus\nbegin sets;\ncharset a = 1-120;\n"
+                                   "charset b = 121-240;\ncharpartition m = HKY{2.5}+F{0.3,0.2,0.2,0.3}+G4{0.3}:a, "
+                                   "JC+I{0.2}:b;\nend;\n"))
+    trees = kernel_batch([jp.random_topology_tree(alignment.taxa, seed=7)])
+    for model, lengths in ((jp.partitioned_model(scheme, alignment, rates=[0.5, 1.5]), trees.branch_lengths),
+                           (jp.partitioned_model(scheme, alignment, link="unlinked"),
+                            trees.branch_lengths[..., None] * jnp.asarray([0.5, 2.0]))):
+        data = partitioned_data(alignment, trees, model)
+
+        def log_l(parents, lengths, model=model, data=data):
+            weights = jnp.broadcast_to(data.weights, (parents.shape[0], data.weights.shape[0]))
+            return jnp.sum(weights * _batch_pattern_log_likelihoods(model, parents, lengths, data, phase_widths(8),
+                                                                    jnp.float64), axis=-1)
+
+        scores = check_spr_scores(alignment, model, data, trees, lengths, 1, log_l)
+        assert scores.lengths.shape[1:] == (3,) + lengths.shape[2:]
 
 
 @pytest.fixture(scope="module")

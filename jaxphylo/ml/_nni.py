@@ -31,7 +31,8 @@ from jaxtyping import Array, Bool, Float, Int
 from .._precision import product_precision
 from .._schedule import device_schedule, kernel_children
 from ..likelihood._api import batch_layout_lengths, kernel_arrays
-from ..likelihood._peeling import apply_transition, child_partials, post_order_partials
+from ..likelihood._peeling import (apply_transition, child_partials, gather_rows, level_loop, log_likelihoods_from,
+                                   post_order_partials, step_children, write_rows)
 from ..likelihood._preorder import pre_order_partials
 from ..models import PartitionedModel
 from ..models._partitioned import group_kernel_arrays, part_layout_lengths
@@ -51,19 +52,25 @@ class TreePartials(eqx.Module):
     codes: Int[Array, "tips_plus_one P"]
     table: Float[Array, "codes S"]
     ids: Int[Array, "B nodes"]
+    frequencies: Float[Array, "B S"]
+    category_weights: Float[Array, "B C"]
+    subtree_scales: Float[Array, "B rows P"]  # the log factors `post` was divided by, summed over each subtree
+    log_likelihoods: Float[Array, "B P"]  # `log L_c` of the tree
     num_tips: int = eqx.field(static=True)
 
     @staticmethod
     def build(arrays, schedule, parents: Int[Array, "B M"]) -> "TreePartials":
         """From the kernels' input `(P, pi, w, tip codes, tip table)` on the device schedule of `parents`."""
         transition, pi, category_weights, codes, table = arrays
-        post, _ = post_order_partials(transition, codes, table, schedule)
+        post, log_scales = post_order_partials(transition, codes, table, schedule)
         pre, _ = pre_order_partials(transition, pi, category_weights, post, codes, table, schedule)
         batch, m = parents.shape
         rows = jnp.arange(batch)[:, None]
         ids = jnp.arange(schedule.layout.shape[1], dtype=jnp.int32)
         ids = jnp.zeros((batch, m + 1), jnp.int32).at[rows, schedule.layout].set(ids[None])
-        return TreePartials(transition, post, pre, codes, table, ids, (m + 1) // 2)
+        log_l = log_likelihoods_from(post, log_scales, pi, category_weights, schedule)
+        return TreePartials(transition, post, pre, codes, table, ids, pi, category_weights,
+                            subtree_log_scales(log_scales, schedule), log_l, (m + 1) // 2)
 
     def _id(self, nodes):
         return jnp.take_along_axis(self.ids, nodes.reshape(nodes.shape[0], -1), axis=1).reshape(nodes.shape)
@@ -82,6 +89,28 @@ class TreePartials(eqx.Module):
         """`q` of internal nodes: everything outside the node's subtree, at the node."""
         rows = self._id(nodes) - self.num_tips
         return jax.vmap(lambda buffer, r: buffer[r])(self.pre, rows)
+
+    def scale(self, nodes: Int[Array, "B K"]) -> Float[Array, "B K P"]:
+        """`log` of what `p` of each node was divided by (zero at tips)."""
+        ids = self._id(nodes)
+        rows = jnp.where(ids >= self.num_tips, ids - self.num_tips, self.subtree_scales.shape[1] - 1)
+        return jax.vmap(lambda buffer, r: buffer[r])(self.subtree_scales, rows)
+
+
+def subtree_log_scales(log_scales: Float[Array, "B rows P"], schedule) -> Float[Array, "B rows P"]:
+    """Every slot's log scale factor plus those of all slots below it (its subtree's), in one post-order pass.
+
+    A tip's is zero (tips map to the sentinel row, which stays zero); so are padding slots'.
+    """
+    num_tips = schedule.num_tips
+
+    def body(total, start, real, width):
+        children = step_children(schedule, start, width)
+        rows = jnp.where(children >= num_tips, children - num_tips, total.shape[1] - 1)
+        below = jax.vmap(lambda t, r: t[r])(total, rows)
+        return write_rows(total, gather_rows(log_scales, start, width) + jnp.sum(below, axis=2), start)
+
+    return level_loop(schedule, body, jnp.zeros_like(log_scales))
 
 
 class EigenSystem(eqx.Module):
@@ -159,7 +188,7 @@ def branch_value_and_slopes(g: Float[Array, "*K C P S"], exponents: Float[Array,
     return jnp.sum(weights * jnp.log(n), -1), jnp.sum(weights * n1, -1), jnp.sum(weights * (n2 - n1 * n1), -1)
 
 
-def branch_newton(terms, t0: Float[Array, "*K"]):
+def branch_newton(terms, t0: Float[Array, "*K"], steps: int = NEWTON_STEPS):
     """Maximise `f(t)`, summed over `terms` (`_summed` of `branch_value_and_slopes`), over `t` in [1e-6, 10]
     from `t0`: `(best t, f(best t))`. Linked lengths: one `t` for every part.
 
@@ -177,15 +206,15 @@ def branch_newton(terms, t0: Float[Array, "*K"]):
 
     t0 = jnp.clip(t0, MIN_LENGTH, MAX_LENGTH)
     dtype = terms[0][0].dtype
-    t, best_t, best_f = jax.lax.fori_loop(0, NEWTON_STEPS, step, (t0, t0, jnp.full(t0.shape, -jnp.inf, dtype)))
+    t, best_t, best_f = jax.lax.fori_loop(0, steps, step, (t0, t0, jnp.full(t0.shape, -jnp.inf, dtype)))
     f, _, _ = _summed(terms, t, branch_value_and_slopes)
     return jnp.where(f > best_f, t, best_t), jnp.maximum(f, best_f)
 
 
-def part_branch_newton(terms, t0: list):
+def part_branch_newton(terms, t0: list, steps: int = NEWTON_STEPS):
     """Unlinked lengths: every part's own `t` maximises its own `f_k`, from `t0` (one `[K_g, ...]` per group):
     `(best t per group, summed f(best t))`. The parts share only the topology, so their maxima add."""
-    one = lambda g, e, w, t: branch_newton([(g[None], e[None], w[None])], t)  # noqa: E731
+    one = lambda g, e, w, t: branch_newton([(g[None], e[None], w[None])], t, steps)  # noqa: E731
     fitted = [jax.vmap(one)(g, e, w, t) for (g, e, w), t in zip(terms, t0)]
     return [t for t, _ in fitted], sum(jnp.sum(f, 0) for _, f in fitted)
 

@@ -55,7 +55,7 @@ from ._nni import apply_nnis, independent_moves, nni_scores
 from ._optimise import minimise
 from ._parameters import ModelCoordinates, lengths_from_unconstrained, lengths_to_unconstrained
 from ._rooting import fixed_branches, mask_like, root_on_first_tip
-from ._spr import spr_candidates
+from ._spr import regrafted_tree, spr_scores
 from ._support import _kernel_splits
 
 SEARCH_TOLERANCE = 0.01  # log-likelihood units over five L-BFGS iterations while searching; 1e-3 for model fits
@@ -70,12 +70,10 @@ class SearchSettings:
     radius: int = 6  # SPR regraft radius in branches (IQ-TREE's default); 0 turns SPR off
     candidates: int = 5  # best distinct trees kept for perturbation (IQ-TREE's default)
     lengths_method: str = "auto"  # branch-length optimiser during the search: "lbfgs", "newton" or "auto"
-    spr_chunk: int = 64  # SPR candidates scored per device call
-    spr_limit: int = 4096  # SPR candidates per round at most (prunings sampled beyond it)
     max_seconds: float = float("inf")  # wall-clock limit (makes a search depend on the machine's speed)
 
     def __post_init__(self):
-        for name in ("batch", "candidates", "spr_chunk", "spr_limit"):
+        for name in ("batch", "candidates"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"search setting {name} must be at least 1, got {getattr(self, name)}")
         for name in ("patience", "radius"):
@@ -216,22 +214,28 @@ def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilo
     return parents, lengths, log_likelihoods, True, bool(jnp.any(improved))
 
 
+@eqx.filter_jit
+def _spr_scores(parent, lengths, problem: Problem, radius: int):
+    return spr_scores(parent, lengths, problem.model, problem.data, problem.weights[0], problem.widths, problem.dtype,
+                      radius)
+
+
 def spr_step(parent, lengths, log_likelihood, problem_of, batch: int, settings: SearchSettings):
-    """The best SPR of one tree within the radius, if it improves log L: `(parent, lengths, log L, improved)`."""
-    candidates_p, candidates_l = spr_candidates(np.asarray(parent), np.asarray(lengths), settings.radius,
-                                                settings.spr_limit, seed=int(np.asarray(parent).sum()))
-    if len(candidates_p) == 0:
+    """The best SPR of one tree within the radius, if it improves log L: `(parent, lengths, log L, improved)`.
+
+    Every regraft of every pruning is scored on the device with its three new branches fitted (`_spr`); the
+    best regraft of each of the `2 * batch` best prunings becomes a tree whose lengths are all re-fitted
+    (as many trees as an NNI round re-fits: the same compiled program).
+    """
+    scores = _spr_scores(parent, lengths, problem_of(1), settings.radius)
+    gains = np.asarray(scores.gains)
+    top = [j for j in np.argsort(-gains, kind="stable")[:2 * batch] if np.isfinite(gains[j])]
+    if not top:
         return parent, lengths, log_likelihood, False
-    chunk = settings.spr_chunk
-    scores = []
-    for k in range(0, len(candidates_p), chunk):
-        problem = problem_of(chunk)
-        p, l = (place_batch(_padded(x[k:k + chunk], chunk), problem.mesh) for x in (candidates_p, candidates_l))
-        scores.append(np.asarray(tree_log_likelihoods(p, l, problem)))
-    scores = np.concatenate(scores)[: len(candidates_p)]
-    top = np.argsort(-scores)[:2 * batch]  # as many as an NNI round re-fits: the same compiled program
+    nodes, fitted = np.asarray(scores.nodes), np.asarray(scores.lengths)
+    built = [regrafted_tree(np.asarray(parent), np.asarray(lengths), nodes[j], fitted[j]) for j in top]
     problem = problem_of(2 * batch)
-    p, l = (place_batch(_padded(x[top], 2 * batch), problem.mesh) for x in (candidates_p, candidates_l))
+    p, l = (place_batch(_padded(np.stack(x), 2 * batch), problem.mesh) for x in zip(*built))
     l, ll = optimise_lengths(p, l, fixed_branches(p), problem)
     k = int(jnp.argmax(ll))
     if float(ll[k]) > log_likelihood + settings.epsilon:
@@ -491,7 +495,7 @@ class _SearchRun:
         self.data = place_data(search_data(alignment, self.start_batch, self.template), mesh)
         self.dtype = PRECISIONS[precision]
         self.widths = phase_widths(self.start_batch.num_tips, max_step_width(
-            self.template, self.data, self.dtype, max(2 * self.size, settings.spr_chunk)))
+            self.template, self.data, self.dtype, 2 * self.size))
         self.model = self.template
         self.candidates = CandidateSet(settings.candidates, self.start_batch.taxa)
         self.stage, self.climb, self.before = "start", None, None

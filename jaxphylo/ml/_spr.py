@@ -1,73 +1,336 @@
-"""Subtree pruning and regrafting within a radius: candidates built on the host, scored in batches on the device.
+"""Subtree pruning and regrafting: every regraft within a radius scored at once from the current partials.
 
-Pruning the subtree on `v`'s side of the edge `(v, u)` removes `u` and joins
-its other neighbours `s1, s2` by one edge (lengths added); regrafting inserts
-`u` in the middle of an edge `(x, y)` of the remaining tree whose distance from
-that joined edge is at most `radius` edges (IQ-TREE's default radius: 6). The
-pruned subtree keeps its branch. Candidates are then scored as whole trees,
-a fixed-size batch per device call (no NNI-style shortcut here: the pruned
-tree's partials differ from the current ones along the path), and the best
-few get their branch lengths re-fitted before one is accepted, as RAxML's lazy
-SPR does.
+In the unrooted tree (the kernel root merged away, `_rooting`), pruning the
+side of `v` off the edge `(u, v)` removes `u` and joins its other neighbours
+`s1, s2` by one edge of length `t_us1 + t_us2`; regrafting inserts `u` into an
+edge `(x, y)` of the remaining tree at distance 1..`radius` (in edges; IQ-TREE's
+default is 6) from that joined edge, `x` the nearer end.
+
+Write `D[a|b]` for the partials at `a` of the part of the tree on `a`'s side
+of the edge `(a, b)`, with no root frequencies in them. Every side of every
+edge that does not hold `u` is the same in the pruned tree as now, so its
+`D` is read from the current tree's passes: `p_a` when `b` is `a`'s parent,
+and `s_b / (w pi)` when `a` is `b`'s parent (`s_b = q_a o P_sib p_sib`,
+`_preorder`). Only the sides that hold the pruning point change; along every
+path of regraft edges, the pruned tree's `X_x = D[x|y]` follows from the one
+before it, RAxML's incremental update:
+
+    X at the first x (= s1):  (P(t_us1 + t_us2) D[s2|u]) o (P(t_xz) D[z|x])
+    X one edge further:       (P(t_x'x) X_x')           o (P(t_xz) D[z|x])
+
+with `z` the third neighbour of `x`. A candidate's likelihood is then, per
+pattern, `sum_r w_r sum_k pi_k [P(t_x) X](k) [P(t_y) D[y|x]](k) [P(t_v) D[v|u]](k)`:
+its three new branches start at `t_x = t_y = t_xy / 2` and `t_v = t_uv` and
+take `LAZY_NEWTON_STEPS` safeguarded Newton steps each (`_nni.branch_newton`),
+`t_v`, then `t_y`, then `t_x`; every other branch keeps its length (RAxML's lazy
+SPR). Stored partials are rescaled, so each `D` comes with the log of what it
+was divided by: a post-order vector's is its subtree's scale factors
+(`TreePartials.scale`); a pre-order one's follows from `log L_c` at its branch,
+`log L_c = log n_b + sigma(D[a|b]) + sigma(D[b|a])`. Candidates' log
+likelihoods are therefore exact for the tree with those lengths, not an
+approximation (a test checks them against whole-tree evaluations).
+
+The device scores every pruning of a tree, `2 (2^(radius+1) - 2)` regraft
+slots each (the binary paths from `s1` and `s2`; slots past a tip are masked),
+in chunks of prunings, with one compiled program for any topology of N taxa.
+The host then builds the best few as trees, to be re-fitted whole.
 """
 
 from __future__ import annotations
 
-from collections import deque
-
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Bool, Float, Int
 
+from .._precision import product_precision
+from .._schedule import kernel_children
+from ._nni import (CHUNK_BYTES, EigenSystem, TreePartials, _parts_last, branch_newton, eigen_coefficients,
+                   part_branch_newton, part_sources)
+from ._parameters import MAX_LENGTH, MIN_LENGTH
 from ._rooting import rooted_on_first_tip, unrooted
 
+LAZY_NEWTON_STEPS = 4  # per new branch and candidate: a screen, the chosen trees are re-fitted whole
 
-def spr_candidates(parent: np.ndarray, lengths: np.ndarray, radius: int, limit: int | None = None,
-                   seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """SPRs of one kernel tree within `radius`: `(parents [K, M], lengths [K, M])`, rooted on tip 0.
 
-    All of them, or with `limit`, those of prunings taken in random order until `limit` candidates are
-    built (large trees: the candidates are whole trees, built on the host).
-    """
+class UnrootedTree(eqx.Module):
+    """A kernel tree rooted on tip 0, seen unrooted: three neighbours per internal node, the root merged away."""
+
+    parents: Int[Array, " M"]
+    neighbours: Int[Array, "M 3"]  # parent (the root's other child for the root's children), then children; M: none
+    edge: Float[Array, "M *K"]  # length of the edge to `neighbours[:, 0]`
+    root: Int[Array, ""]
+
+    @staticmethod
+    def of(parents: Int[Array, " M"], lengths: Float[Array, "M *K"]) -> "UnrootedTree":
+        m = parents.shape[0]
+        root = jnp.argmin(parents)
+        kids = kernel_children(parents)
+        below_root = parents == root
+        other = jnp.where(kids[root, 0] == jnp.arange(m), kids[root, 1], kids[root, 0])
+        up = jnp.where(below_root, other, jnp.where(parents < 0, m, parents))
+        # The root's two branches are one edge; its children both see the other across it.
+        joined = jnp.sum(jnp.where(below_root.reshape((m,) + (1,) * (lengths.ndim - 1)), lengths, 0.0), axis=0)
+        edge = jnp.where(below_root.reshape((m,) + (1,) * (lengths.ndim - 1)), joined, lengths)
+        return UnrootedTree(parents, jnp.concatenate([up[:, None], kids], axis=1), edge, root)
+
+    def length(self, a, b) -> Float[Array, "..."]:
+        """Length of the edge between neighbours `a` and `b`."""
+        return jnp.where(self.neighbours[a, 0] == b, self.edge[a], self.edge[b])
+
+    def forward(self, x, previous) -> Int[Array, "... 2"]:
+        """The two neighbours of internal node `x` other than `previous`."""
+        around = self.neighbours[x]
+        keep = around != previous[..., None]
+        order = jnp.argsort(~keep, axis=-1, stable=True)
+        return jnp.take_along_axis(around, order[..., :2], axis=-1)
+
+
+class DirectedPartials(eqx.Module):
+    """`D[a|b]` for both sides of every edge of one tree and one part, with the log factors they lack."""
+
+    down: Float[Array, "M C P S"]  # D[k | parent(k)] = p_k
+    down_scale: Float[Array, "M P"]
+    up: Float[Array, "M C P S"]  # D[parent(k) | k] = s_k / (w pi)
+    up_scale: Float[Array, "M P"]
+
+    @staticmethod
+    def of(partials: TreePartials, tree: UnrootedTree) -> "DirectedPartials":
+        """From one tree's passes (`partials` with a batch of one)."""
+        m = tree.parents.shape[0]
+        nodes = jnp.arange(m)
+        parent = jnp.where(tree.parents < 0, tree.root, tree.parents)  # the root's own entries are never read
+        kids = tree.neighbours[parent, 1:]
+        sibling = jnp.where(kids[:, 0] == nodes, kids[:, 1], kids[:, 0])
+        one = lambda x: x[None]  # noqa: E731
+        down, down_scale = partials.partial(one(nodes))[0], partials.scale(one(nodes))[0]
+        s = partials.upper(one(parent))[0] * partials.message(one(sibling))[0]
+        n = jnp.sum(s * partials.message(one(nodes))[0], axis=(1, 3))
+        root_weights = partials.category_weights[0][:, None, None] * partials.frequencies[0][None, None, :]
+        up = s / jnp.where(root_weights > 0, root_weights, 1.0)
+        up_scale = partials.log_likelihoods[0] - jnp.log(jnp.maximum(n, 1e-300)) - down_scale
+        return DirectedPartials(down, down_scale, up, up_scale)
+
+    def side(self, tree: UnrootedTree, a, b):
+        """`(D[a|b], its log factor)` for neighbours `a`, `b` (any matching shapes)."""
+        is_down = (tree.parents[a] == b) | ((tree.parents[a] == tree.root) & (tree.parents[b] == tree.root))
+        vector = jnp.where(is_down[..., None, None, None], self.down[a], self.up[b])
+        return vector, jnp.where(is_down[..., None], self.down_scale[a], self.up_scale[b])
+
+
+def propagate(eigen: EigenSystem, x: Float[Array, "*K C P S"], t: Float[Array, "*K"]) -> Float[Array, "*K C P S"]:
+    """`P(t) x` through the eigensystem: `D^-1/2 U (exp(lam rho t) o U^T (D^1/2 x))`."""
+    vectors, root = eigen.vectors.astype(x.dtype), eigen.root.astype(x.dtype)
+    y = jnp.einsum("...s,sk->...k", x * root, vectors, precision=product_precision())
+    y = y * jnp.exp(eigen.rates[:, None, None] * eigen.values[None, None, :] * t[..., None, None, None]).astype(x.dtype)
+    return jnp.einsum("...k,sk->...s", y, vectors, precision=product_precision()) / root
+
+
+class Regrafts(eqx.Module):
+    """One pruning's regraft slots (`2 (2^(radius+1) - 2)`): the pruned tree's vectors at both ends of each."""
+
+    x: Int[Array, " R"]
+    y: Int[Array, " R"]
+    valid: Bool[Array, " R"]
+    toward: Float[Array, "R C P S"]  # X = D'[x|y] in the pruned tree
+    away: Float[Array, "R C P S"]  # D[y|x]
+    scale: Float[Array, "R P"]  # log factors of `toward` and `away` together
+    length: Float[Array, " R"]  # t_xy
+
+
+def regrafts(tree: UnrootedTree, sides: DirectedPartials, eigen: EigenSystem, u, v, s1, s2, valid, radius: int
+             ) -> Regrafts:
+    """Every regraft edge of the pruning of `v`'s side off `(u, v)`, level by level from the joined edge."""
+    n = (tree.parents.shape[0] + 1) // 2
+    x, back_of = jnp.stack([s1, s2]), jnp.stack([s2, s1])
+    previous = jnp.stack([u, u])
+    message, scale = sides.side(tree, back_of, previous)
+    message = propagate(eigen, message, jnp.broadcast_to(tree.length(u, s1) + tree.length(u, s2), (2,)))
+    alive = valid & (x >= n)
+    found = []
+    for _ in range(radius):
+        ahead = tree.forward(x, previous)  # [W, 2]: y for the two slots, and each one's z is the other
+        y, z = ahead.reshape(-1), ahead[:, ::-1].reshape(-1)
+        x2, message2, scale2, alive2 = (jnp.repeat(a, 2, axis=0) for a in (x, message, scale, alive))
+        sibling, sibling_scale = sides.side(tree, z, x2)
+        toward = message2 * propagate(eigen, sibling, tree.length(x2, z))
+        top = jnp.max(toward, axis=(-3, -1))
+        top = jnp.where(top > 0, top, 1.0)
+        toward, scale2 = toward / top[..., None, :, None], scale2 + sibling_scale + jnp.log(top)
+        away, away_scale = sides.side(tree, y, x2)
+        length = tree.length(x2, y)
+        found.append(Regrafts(x2, y, alive2, toward, away, scale2 + away_scale, length))
+        message = propagate(eigen, toward, length)
+        x, previous, scale, alive = y, x2, scale2, alive2 & (y >= n)
+    return jax.tree.map(lambda *a: jnp.concatenate(a), *found)
+
+
+class SPRScores(eqx.Module):
+    """Per pruning `(u, v)` of a tree: its best regraft `(x, y)`, the three fitted new branches and the gain."""
+
+    nodes: Int[Array, "J 4"]  # u, v, x, y
+    lengths: Float[Array, "J 3 *K"]  # t_x, t_y, t_v
+    gains: Float[Array, " J"]  # log L of the regrafted tree minus log L now (-inf: no regraft)
+
+
+def prunings(tree: UnrootedTree):
+    """`(u, v, s1, s2, valid)`, `[3 (N - 1)]` each: every internal node `u` with each of its neighbours `v`
+    (the root's entries are not valid), and `u`'s two other neighbours."""
+    m = tree.parents.shape[0]
+    n = (m + 1) // 2
+    u = jnp.repeat(jnp.arange(n, m, dtype=tree.parents.dtype), 3)
+    v = tree.neighbours[u, jnp.tile(jnp.arange(3), m - n)]
+    around = tree.neighbours[u]
+    others = jnp.argsort(around == v[:, None], axis=1, stable=True)[:, :2]
+    s1, s2 = (jnp.take_along_axis(around, others[:, k:k + 1], axis=1)[:, 0] for k in (0, 1))
+    return u, v, s1, s2, u != tree.root
+
+
+def regraft_edges(parents: Int[Array, " M"], lengths: Float[Array, " M"], radius: int) -> dict:
+    """The regraft slots `spr_scores` scores, on the host: `{(u, v): {frozenset((x, y)), ...}}` per pruning."""
+    tree = UnrootedTree.of(parents, lengths)
+    m = parents.shape[0]
+    vectors, scales = jnp.ones((m, 1, 1, 1)), jnp.zeros((m, 1))
+    eigen = EigenSystem(jnp.zeros(1), jnp.eye(1), jnp.ones(1), jnp.ones(1))
+    u, v, s1, s2, valid = prunings(tree)
+    sides = DirectedPartials(vectors, scales, vectors, scales)
+    found = jax.jit(jax.vmap(lambda *p: regrafts(tree, sides, eigen, *p, radius)))(u, v, s1, s2, valid)
+    edges = {}
+    for j in np.flatnonzero(np.asarray(valid)):
+        alive = np.asarray(found.valid[j])
+        edges[int(u[j]), int(v[j])] = {frozenset((int(x), int(y))) for x, y in
+                                       zip(np.asarray(found.x[j])[alive], np.asarray(found.y[j])[alive])}
+    return edges
+
+
+def spr_scores(parents: Int[Array, " M"], lengths: Float[Array, "M *K"], model, data,
+               weights: Float[Array, " P"], widths, dtype, radius: int) -> SPRScores:
+    """Score every regraft within `radius` of every pruning of one tree (one batched device computation)."""
+    m = parents.shape[0]
+    n = (m + 1) // 2
+    tree = UnrootedTree.of(parents, lengths)
+    unlinked = lengths.ndim == 2
+    sources = part_sources(parents[None], lengths[None], model, data, weights[None], widths, dtype)
+    # Per part, its own lengths: unlinked ones are the part's column; linked ones are the tree's (the part's
+    # rate is in its eigensystem).
+    part_trees = [jax.vmap(lambda k: eqx.tree_at(lambda t: t.edge, tree, tree.edge[:, k]))(jnp.asarray(s.parts))
+                  if unlinked else jax.tree.map(lambda a: jnp.broadcast_to(a, (len(s.parts),) + a.shape), tree)
+                  for s in sources]
+    sides = [jax.vmap(DirectedPartials.of)(s.partials, t) for s, t in zip(sources, part_trees)]
+    now = sum(jnp.sum(s.weights[:, 0] * s.partials.log_likelihoods[:, 0]) for s in sources)
+
+    u, v, s1, s2, valid = prunings(tree)
+
+    def score(chunk):
+        """Best regraft of each pruning of a chunk `[J]`."""
+        u_, v_, s1_, s2_, valid_ = (a[chunk] for a in (u, v, s1, s2, valid))
+        terms, slots = [], None
+        for source, t, d in zip(sources, part_trees, sides):
+            one = lambda t, d, e, *p: regrafts(t, d, e, *p, radius)  # noqa: E731
+            per_pruning = jax.vmap(one, in_axes=(None, None, None, 0, 0, 0, 0, 0))
+            r = jax.vmap(per_pruning, in_axes=(0, 0, 0, None, None, None, None, None))(
+                t, d, source.eigen, u_, v_, s1_, s2_, valid_)  # [K_g, J, R]
+            pruned, pruned_scale = jax.vmap(lambda d, t: d.side(t, v_, u_))(d, t)
+            start_v = jax.vmap(lambda t: t.length(u_, v_))(t)
+            root_weights = source.partials.category_weights[:, 0, :, None, None] * \
+                source.partials.frequencies[:, 0, None, None, :]
+            terms.append(dict(r=r, pruned=pruned[:, :, None], start_v=start_v, eigen=source.eigen,
+                              root_weights=root_weights[:, None, None],
+                              weights=source.weights[:, 0][:, None, None, :].astype(dtype),
+                              fixed=jnp.sum(source.weights[:, 0][:, None, None, :] *
+                                            (r.scale + pruned_scale[:, :, None]), -1)))
+            slots = r
+        t_x, t_y, t_v = _fit_new_branches(terms, unlinked)
+        f = sum(jnp.sum(term["fixed"], 0) for term in terms) + _log_likelihood(terms, t_x, t_y, t_v, unlinked)
+        gains = jnp.where(slots.valid[0], f - now, -jnp.inf)
+        best = jnp.argmax(gains, axis=1)
+        pick = lambda a: jnp.take_along_axis(a, best.reshape((-1, 1) + (1,) * (a.ndim - 2)), axis=1)[:, 0]  # noqa: E731
+        fitted = [_with_parts(t, sources, unlinked) for t in (t_x, t_y, t_v)]
+        return (jnp.stack([u_, v_, pick(slots.x[0]), pick(slots.y[0])], axis=1),
+                jnp.stack([pick(a) for a in fitted], axis=1), pick(gains))
+
+    # Prunings in chunks, so that the `[K_g, J, R, C, P, S]` vectors of a chunk stay near `CHUNK_BYTES`.
+    count = 3 * (m - n)
+    per_slot = sum(int(np.prod(s.partials.post.shape[3:])) * len(s.parts) for s in sources)
+    slots_per_pruning = 2 * (2 ** (radius + 1) - 2)
+    chunk = max(1, min(count, CHUNK_BYTES // (8 * 8 * per_slot * slots_per_pruning)))
+    chunks = -(-count // chunk)
+    order = jnp.minimum(jnp.arange(chunks * chunk), count - 1).reshape(chunks, chunk)
+    nodes, fitted, gains = jax.lax.map(score, order)
+    merge = lambda a: a.reshape((chunks * chunk,) + a.shape[2:])[:count]  # noqa: E731
+    return SPRScores(merge(nodes), merge(fitted), merge(gains))
+
+
+def _part_lengths(t, index: int, unlinked: bool):
+    """Group `index`'s parts' lengths `[K_g, J, R]`: their own (unlinked, `t` a list), or the shared `[J, R]`."""
+    return t[index] if unlinked else t[None]
+
+
+def _with_parts(t, sources, unlinked: bool):
+    """Fitted lengths `[J, R]`, or unlinked ones with the model's parts last `[J, R, K]`."""
+    return _parts_last(t, sources) if unlinked else t
+
+
+def _new_branch(term, index, t_x, t_y, t_v, which, unlinked):
+    """Eigen coefficients of branch `which` of every slot of one group, the other two at their lengths."""
+    r, e = term["r"], term["eigen"]
+    grow = jax.vmap(propagate)  # over parts
+    t = {name: _part_lengths(x, index, unlinked) for name, x in (("x", t_x), ("y", t_y), ("v", t_v))}
+    k = r.toward.shape[0]
+    full = lambda a: jnp.broadcast_to(a, (k,) + r.length.shape[1:])  # noqa: E731
+    vectors = {"x": r.toward, "y": r.away, "v": jnp.broadcast_to(term["pruned"], r.toward.shape)}
+    upper = term["root_weights"]
+    for name in ("x", "y", "v"):
+        if name != which:
+            upper = upper * grow(e, vectors[name], full(t[name]))
+    return jax.vmap(eigen_coefficients)(e, upper, vectors[which])
+
+
+def _fit_new_branches(terms, unlinked: bool):
+    """`t_v`, then `t_y`, then `t_x` by Newton's method, from `t_xy / 2` and `t_uv`."""
+    half = [term["r"].length / 2 for term in terms]
+    start_v = [jnp.broadcast_to(term["start_v"][..., None], term["r"].length.shape) for term in terms]
+    if unlinked:
+        t_x, t_y, t_v = list(half), list(half), start_v
+    else:
+        t_x, t_y, t_v = half[0][0], half[0][0], start_v[0][0]
+    for which in ("v", "y", "x"):
+        fit_terms = [_new_branch(term, i, t_x, t_y, t_v, which, unlinked) + (term["weights"],)
+                     for i, term in enumerate(terms)]
+        now = {"x": t_x, "y": t_y, "v": t_v}[which]
+        if unlinked:
+            fitted, _ = part_branch_newton(fit_terms, now, LAZY_NEWTON_STEPS)
+        else:
+            fitted, _ = branch_newton(fit_terms, now, LAZY_NEWTON_STEPS)
+        t_x, t_y, t_v = (fitted if which == name else old for name, old in (("x", t_x), ("y", t_y), ("v", t_v)))
+    return t_x, t_y, t_v
+
+
+def _log_likelihood(terms, t_x, t_y, t_v, unlinked: bool) -> Float[Array, "J R"]:
+    """`sum_p w_p log n_p` of every slot at the fitted lengths, summed over parts (no scale factors)."""
+    total = 0.0
+    for i, term in enumerate(terms):
+        g, e = _new_branch(term, i, t_x, t_y, t_v, "x", unlinked)
+        t = _part_lengths(t_x, i, unlinked)
+        t = jnp.broadcast_to(t, g.shape[:3])
+        n = jnp.einsum("...cpk,...ck->...p", g, jnp.exp(e[:, None, None] * t[..., None, None]),
+                       precision=product_precision())
+        total = total + jnp.sum(term["weights"] * jnp.log(jnp.maximum(n, 1e-300)), axis=(0, -1))
+    return total
+
+
+def regrafted_tree(parent: np.ndarray, lengths: np.ndarray, nodes, new_lengths) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel tree (rooted on tip 0) of one scored SPR: `nodes = (u, v, x, y)`, `new_lengths = (t_x, t_y, t_v)`."""
     neighbours, root = unrooted(parent, lengths)
-    parents, all_lengths = [], []
-    prunings = [(u, v) for u, around in enumerate(neighbours) if len(around) == 3 for v in around]
-    if limit is not None:
-        prunings = [prunings[k] for k in np.random.default_rng(seed).permutation(len(prunings))]
-    for u, v in prunings:
-        if limit is not None and len(parents) >= limit:
-            break
-        s1, s2 = (k for k in neighbours[u] if k != v)
-        pruned = [dict(d) for d in neighbours]
-        for k in (v, s1, s2):
-            del pruned[u][k], pruned[k][u]
-        joined = neighbours[u][s1] + neighbours[u][s2]
-        pruned[s1][s2] = pruned[s2][s1] = joined
-        for x, y in _edges_near(pruned, (s1, s2), radius, blocked=v):
-            tree = [dict(d) for d in pruned]
-            half = tree[x].pop(y) / 2
-            del tree[y][x]
-            tree[u] = {x: half, y: half, v: neighbours[u][v]}
-            tree[x][u] = tree[y][u] = half
-            tree[v][u] = neighbours[u][v]
-            p, l = rooted_on_first_tip(tree, root)
-            parents.append(p)
-            all_lengths.append(l)
-    m = len(parent)
-    if not parents:
-        return np.zeros((0, m), np.int32), np.zeros((0,) + np.shape(lengths))
-    return np.stack(parents), np.stack(all_lengths)
-
-
-def _edges_near(tree, edge, radius, blocked):
-    """Edges at distance 1..radius from `edge` (in edges), not entering `blocked` (the pruned subtree's root)."""
-    found, seen = [], {edge[0], edge[1], blocked}
-    queue = deque((end, other, 1) for end, other in (edge, edge[::-1]))
-    while queue:
-        node, came_from, depth = queue.popleft()
-        for nxt in tree[node]:
-            if nxt in (came_from, blocked) or (node, nxt) == edge or (nxt, node) == edge:
-                continue
-            found.append((node, nxt))
-            if depth < radius and nxt not in seen:
-                seen.add(nxt)
-                queue.append((nxt, node, depth + 1))
-    return found
+    u, v, x, y = (int(k) for k in nodes)
+    t_x, t_y, t_v = (np.clip(np.asarray(t, float), MIN_LENGTH, MAX_LENGTH) for t in new_lengths)
+    s1, s2 = (k for k in neighbours[u] if k != v)
+    joined = neighbours[u][s1] + neighbours[u][s2]
+    for k in (v, s1, s2):
+        del neighbours[k][u]
+    neighbours[s1][s2] = neighbours[s2][s1] = joined
+    del neighbours[x][y], neighbours[y][x]
+    neighbours[u] = {x: t_x, y: t_y, v: t_v}
+    neighbours[x][u], neighbours[y][u], neighbours[v][u] = t_x, t_y, t_v
+    return rooted_on_first_tip(neighbours, root)
