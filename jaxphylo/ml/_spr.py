@@ -19,11 +19,11 @@ before it, RAxML's incremental update:
     X one edge further:       (P(t_x'x) X_x')           o (P(t_xz) D[z|x])
 
 with `z` the third neighbour of `x`. A candidate's likelihood is then, per
-pattern, `sum_r w_r sum_k pi_k [P(t_x) X](k) [P(t_y) D[y|x]](k) [P(t_v) D[v|u]](k)`:
-its three new branches start at `t_x = t_y = t_xy / 2` and `t_v = t_uv` and
-take `LAZY_NEWTON_STEPS` safeguarded Newton steps each (`_nni.branch_newton`),
-`t_v`, then `t_y`, then `t_x`; every other branch keeps its length (RAxML's lazy
-SPR). Stored partials are rescaled, so each `D` comes with the log of what it
+pattern, `sum_r w_r sum_k pi_k [P(t_x) X](k) [P(t_y) D[y|x]](k) [P(t_v) D[v|u]](k)`.
+Every slot is screened with `t_x = t_y = t_xy / 2` and `t_v = t_uv` (RAxML's
+lazy SPR); the best slot of each pruning then gets its three new branches
+fitted by safeguarded Newton steps (`_nni.branch_newton`), `t_v`, then `t_y`,
+then `t_x`; every other branch keeps its length. Stored partials are rescaled, so each `D` comes with the log of what it
 was divided by: a post-order vector's is its subtree's scale factors
 (`TreePartials.scale`); a pre-order one's follows from `log L_c` at its branch,
 `log L_c = log n_b + sigma(D[a|b]) + sigma(D[b|a])`. Candidates' log
@@ -50,9 +50,6 @@ from ._nni import (CHUNK_BYTES, EigenSystem, TreePartials, _parts_last, branch_n
                    part_branch_newton, part_sources)
 from ._parameters import MAX_LENGTH, MIN_LENGTH
 from ._rooting import rooted_on_first_tip, unrooted
-
-LAZY_NEWTON_STEPS = 4  # per new branch and candidate: a screen, the chosen trees are re-fitted whole
-
 
 class UnrootedTree(eqx.Module):
     """A kernel tree rooted on tip 0, seen unrooted: three neighbours per internal node, the root merged away."""
@@ -88,15 +85,17 @@ class UnrootedTree(eqx.Module):
 
 
 class DirectedPartials(eqx.Module):
-    """`D[a|b]` for both sides of every edge of one tree and one part, with the log factors they lack."""
+    """`D[a|b]` for both sides of every edge of one tree and one part, the log factors they lack, and the
+    messages they send across their edge: rows `k` hold `D[k|parent(k)] = p_k`, rows `M + k` hold
+    `D[parent(k)|k] = s_k / (w pi)`."""
 
-    down: Float[Array, "M C P S"]  # D[k | parent(k)] = p_k
-    down_scale: Float[Array, "M P"]
-    up: Float[Array, "M C P S"]  # D[parent(k) | k] = s_k / (w pi)
-    up_scale: Float[Array, "M P"]
+    vectors: Float[Array, "2M C P S"]
+    scales: Float[Array, "2M P"]
+    messages: Float[Array, "2M C P S"]  # P(t) D across the whole edge
+    halves: Float[Array, "2M C P S"]  # P(t / 2) D: to the middle of the edge
 
     @staticmethod
-    def of(partials: TreePartials, tree: UnrootedTree) -> "DirectedPartials":
+    def of(partials: TreePartials, tree: UnrootedTree, eigen: EigenSystem) -> "DirectedPartials":
         """From one tree's passes (`partials` with a batch of one)."""
         m = tree.parents.shape[0]
         nodes = jnp.arange(m)
@@ -110,21 +109,34 @@ class DirectedPartials(eqx.Module):
         root_weights = partials.category_weights[0][:, None, None] * partials.frequencies[0][None, None, :]
         up = s / jnp.where(root_weights > 0, root_weights, 1.0)
         up_scale = partials.log_likelihoods[0] - jnp.log(jnp.maximum(n, 1e-300)) - down_scale
-        return DirectedPartials(down, down_scale, up, up_scale)
+        vectors = jnp.concatenate([down, up])
+        projected, edge = to_eigen(eigen, vectors), jnp.concatenate([tree.edge, tree.edge])
+        return DirectedPartials(vectors, jnp.concatenate([down_scale, up_scale]),
+                                from_eigen(eigen, projected, edge), from_eigen(eigen, projected, edge / 2))
 
-    def side(self, tree: UnrootedTree, a, b):
-        """`(D[a|b], its log factor)` for neighbours `a`, `b` (any matching shapes)."""
+    @staticmethod
+    def index(tree: UnrootedTree, a, b):
+        """Row of `D[a|b]` for neighbours `a`, `b` (any matching shapes)."""
         is_down = (tree.parents[a] == b) | ((tree.parents[a] == tree.root) & (tree.parents[b] == tree.root))
-        vector = jnp.where(is_down[..., None, None, None], self.down[a], self.up[b])
-        return vector, jnp.where(is_down[..., None], self.down_scale[a], self.up_scale[b])
+        return jnp.where(is_down, a, tree.parents.shape[0] + b)
+
+
+def to_eigen(eigen: EigenSystem, x: Float[Array, "*K C P S"]) -> Float[Array, "*K C P S"]:
+    """`U^T (D^1/2 x)`: `x` in the eigenbasis of the symmetrised rate matrix."""
+    vectors, root = eigen.vectors.astype(x.dtype), eigen.root.astype(x.dtype)
+    return jnp.einsum("...s,sk->...k", x * root, vectors, precision=product_precision())
+
+
+def from_eigen(eigen: EigenSystem, y: Float[Array, "*K C P S"], t: Float[Array, "*K"]) -> Float[Array, "*K C P S"]:
+    """`P(t) x = D^-1/2 U (exp(lam rho t) o y)` for `y = to_eigen(x)`."""
+    vectors, root = eigen.vectors.astype(y.dtype), eigen.root.astype(y.dtype)
+    y = y * jnp.exp(eigen.rates[:, None, None] * eigen.values[None, None, :] * t[..., None, None, None]).astype(y.dtype)
+    return jnp.einsum("...k,sk->...s", y, vectors, precision=product_precision()) / root
 
 
 def propagate(eigen: EigenSystem, x: Float[Array, "*K C P S"], t: Float[Array, "*K"]) -> Float[Array, "*K C P S"]:
-    """`P(t) x` through the eigensystem: `D^-1/2 U (exp(lam rho t) o U^T (D^1/2 x))`."""
-    vectors, root = eigen.vectors.astype(x.dtype), eigen.root.astype(x.dtype)
-    y = jnp.einsum("...s,sk->...k", x * root, vectors, precision=product_precision())
-    y = y * jnp.exp(eigen.rates[:, None, None] * eigen.values[None, None, :] * t[..., None, None, None]).astype(x.dtype)
-    return jnp.einsum("...k,sk->...s", y, vectors, precision=product_precision()) / root
+    """`P(t) x` through the eigensystem."""
+    return from_eigen(eigen, to_eigen(eigen, x), t)
 
 
 class Regrafts(eqx.Module):
@@ -134,8 +146,9 @@ class Regrafts(eqx.Module):
     y: Int[Array, " R"]
     valid: Bool[Array, " R"]
     toward: Float[Array, "R C P S"]  # X = D'[x|y] in the pruned tree
-    away: Float[Array, "R C P S"]  # D[y|x]
-    scale: Float[Array, "R P"]  # log factors of `toward` and `away` together
+    toward_half: Float[Array, "R C P S"]  # P(t_xy / 2) X
+    away: Int[Array, " R"]  # the `DirectedPartials` row of D[y|x]
+    scale: Float[Array, "R P"]  # log factors of X and D[y|x] together
     length: Float[Array, " R"]  # t_xy
 
 
@@ -143,25 +156,24 @@ def regrafts(tree: UnrootedTree, sides: DirectedPartials, eigen: EigenSystem, u,
              ) -> Regrafts:
     """Every regraft edge of the pruning of `v`'s side off `(u, v)`, level by level from the joined edge."""
     n = (tree.parents.shape[0] + 1) // 2
-    x, back_of = jnp.stack([s1, s2]), jnp.stack([s2, s1])
-    previous = jnp.stack([u, u])
-    message, scale = sides.side(tree, back_of, previous)
-    message = propagate(eigen, message, jnp.broadcast_to(tree.length(u, s1) + tree.length(u, s2), (2,)))
-    alive = valid & (x >= n)
+    x, previous = jnp.stack([s1, s2]), jnp.stack([u, u])
+    joined = sides.index(tree, jnp.stack([s2, s1]), previous)
+    incoming = propagate(eigen, sides.vectors[joined], jnp.broadcast_to(tree.length(u, s1) + tree.length(u, s2), (2,)))
+    scale, alive = sides.scales[joined], valid & (x >= n)
     found = []
     for _ in range(radius):
         ahead = tree.forward(x, previous)  # [W, 2]: y for the two slots, and each one's z is the other
         y, z = ahead.reshape(-1), ahead[:, ::-1].reshape(-1)
-        x2, message2, scale2, alive2 = (jnp.repeat(a, 2, axis=0) for a in (x, message, scale, alive))
-        sibling, sibling_scale = sides.side(tree, z, x2)
-        toward = message2 * propagate(eigen, sibling, tree.length(x2, z))
+        x2, incoming2, scale2, alive2 = (jnp.repeat(a, 2, axis=0) for a in (x, incoming, scale, alive))
+        sibling, away = sides.index(tree, z, x2), sides.index(tree, y, x2)
+        toward = incoming2 * sides.messages[sibling]
         top = jnp.max(toward, axis=(-3, -1))
         top = jnp.where(top > 0, top, 1.0)
-        toward, scale2 = toward / top[..., None, :, None], scale2 + sibling_scale + jnp.log(top)
-        away, away_scale = sides.side(tree, y, x2)
-        length = tree.length(x2, y)
-        found.append(Regrafts(x2, y, alive2, toward, away, scale2 + away_scale, length))
-        message = propagate(eigen, toward, length)
+        toward, scale2 = toward / top[..., None, :, None], scale2 + sides.scales[sibling] + jnp.log(top)
+        length, projected = tree.length(x2, y), to_eigen(eigen, toward)
+        found.append(Regrafts(x2, y, alive2, toward, from_eigen(eigen, projected, length / 2), away,
+                              scale2 + sides.scales[away], length))
+        incoming = from_eigen(eigen, projected, length)
         x, previous, scale, alive = y, x2, scale2, alive2 & (y >= n)
     return jax.tree.map(lambda *a: jnp.concatenate(a), *found)
 
@@ -191,10 +203,10 @@ def regraft_edges(parents: Int[Array, " M"], lengths: Float[Array, " M"], radius
     """The regraft slots `spr_scores` scores, on the host: `{(u, v): {frozenset((x, y)), ...}}` per pruning."""
     tree = UnrootedTree.of(parents, lengths)
     m = parents.shape[0]
-    vectors, scales = jnp.ones((m, 1, 1, 1)), jnp.zeros((m, 1))
+    vectors, scales = jnp.ones((2 * m, 1, 1, 1)), jnp.zeros((2 * m, 1))
     eigen = EigenSystem(jnp.zeros(1), jnp.eye(1), jnp.ones(1), jnp.ones(1))
     u, v, s1, s2, valid = prunings(tree)
-    sides = DirectedPartials(vectors, scales, vectors, scales)
+    sides = DirectedPartials(vectors, scales, vectors, vectors)
     found = jax.jit(jax.vmap(lambda *p: regrafts(tree, sides, eigen, *p, radius)))(u, v, s1, s2, valid)
     edges = {}
     for j in np.flatnonzero(np.asarray(valid)):
@@ -217,44 +229,51 @@ def spr_scores(parents: Int[Array, " M"], lengths: Float[Array, "M *K"], model, 
     part_trees = [jax.vmap(lambda k: eqx.tree_at(lambda t: t.edge, tree, tree.edge[:, k]))(jnp.asarray(s.parts))
                   if unlinked else jax.tree.map(lambda a: jnp.broadcast_to(a, (len(s.parts),) + a.shape), tree)
                   for s in sources]
-    sides = [jax.vmap(DirectedPartials.of)(s.partials, t) for s, t in zip(sources, part_trees)]
+    sides = [jax.vmap(DirectedPartials.of)(s.partials, t, s.eigen) for s, t in zip(sources, part_trees)]
     now = sum(jnp.sum(s.weights[:, 0] * s.partials.log_likelihoods[:, 0]) for s in sources)
-
     u, v, s1, s2, valid = prunings(tree)
 
     def score(chunk):
         """Best regraft of each pruning of a chunk `[J]`."""
         u_, v_, s1_, s2_, valid_ = (a[chunk] for a in (u, v, s1, s2, valid))
-        terms, slots = [], None
+        screen, found, groups = 0.0, None, []
         for source, t, d in zip(sources, part_trees, sides):
             one = lambda t, d, e, *p: regrafts(t, d, e, *p, radius)  # noqa: E731
             per_pruning = jax.vmap(one, in_axes=(None, None, None, 0, 0, 0, 0, 0))
             r = jax.vmap(per_pruning, in_axes=(0, 0, 0, None, None, None, None, None))(
                 t, d, source.eigen, u_, v_, s1_, s2_, valid_)  # [K_g, J, R]
-            pruned, pruned_scale = jax.vmap(lambda d, t: d.side(t, v_, u_))(d, t)
-            start_v = jax.vmap(lambda t: t.length(u_, v_))(t)
-            root_weights = source.partials.category_weights[:, 0, :, None, None] * \
-                source.partials.frequencies[:, 0, None, None, :]
-            terms.append(dict(r=r, pruned=pruned[:, :, None], start_v=start_v, eigen=source.eigen,
-                              root_weights=root_weights[:, None, None],
-                              weights=source.weights[:, 0][:, None, None, :].astype(dtype),
-                              fixed=jnp.sum(source.weights[:, 0][:, None, None, :] *
-                                            (r.scale + pruned_scale[:, :, None]), -1)))
-            slots = r
-        t_x, t_y, t_v = _fit_new_branches(terms, unlinked)
-        f = sum(jnp.sum(term["fixed"], 0) for term in terms) + _log_likelihood(terms, t_x, t_y, t_v, unlinked)
-        gains = jnp.where(slots.valid[0], f - now, -jnp.inf)
-        best = jnp.argmax(gains, axis=1)
-        pick = lambda a: jnp.take_along_axis(a, best.reshape((-1, 1) + (1,) * (a.ndim - 2)), axis=1)[:, 0]  # noqa: E731
-        fitted = [_with_parts(t, sources, unlinked) for t in (t_x, t_y, t_v)]
-        return (jnp.stack([u_, v_, pick(slots.x[0]), pick(slots.y[0])], axis=1),
-                jnp.stack([pick(a) for a in fitted], axis=1), pick(gains))
+            pruned = jax.vmap(lambda t: DirectedPartials.index(t, v_, u_))(t)  # [K_g, J]
+            take = jax.vmap(lambda d, rows: (d.vectors[rows], d.scales[rows], d.messages[rows], d.halves[rows]))
+            pruned_vector, pruned_scale, pruned_message, _ = take(d, pruned)
+            part_weights = source.weights[:, 0][:, None, None, :].astype(dtype)  # [K_g, 1, 1, P]
+            root_weights = (source.partials.category_weights[:, 0, :, None, None] *
+                            source.partials.frequencies[:, 0, None, None, :])[:, None, None]
+            fixed = jnp.sum(part_weights * (r.scale + pruned_scale[:, :, None]), -1)  # [K_g, J, R]
+            # RAxML's lazy screen: every slot with t_x = t_y = t_xy / 2 and t_v = t_uv ...
+            away_half = take(d, r.away)[3]
+            n_c = jnp.sum(root_weights * r.toward_half * away_half * pruned_message[:, :, None], axis=(-3, -1))
+            screen = screen + jnp.sum(fixed + jnp.sum(part_weights * jnp.log(jnp.maximum(n_c, 1e-300)), -1), 0)
+            groups.append((source, d, r, pruned_vector, t, part_weights, root_weights, fixed))
+            found = r
+        best = jnp.argmax(jnp.where(found.valid[0], screen, -jnp.inf), axis=1)
+        # ... then each pruning's best slot gets its three new branches fitted.
+        chosen = [NewBranches(_slot(r.toward, best), jax.vmap(lambda d, rows: d.vectors[rows])(d, _slot(r.away, best)),
+                              pruned_vector[:, :, None], _slot(r.length, best),
+                              jax.vmap(lambda t: t.length(u_, v_))(t)[:, :, None], source.eigen, root_weights,
+                              part_weights, _slot(fixed, best))
+                  for source, d, r, pruned_vector, t, part_weights, root_weights, fixed in groups]
+        t_x, t_y, t_v = _fit_new_branches(chosen, unlinked)
+        f = sum(jnp.sum(c.fixed, 0) for c in chosen) + _log_likelihood(chosen, t_x, t_y, t_v, unlinked)
+        gains = jnp.where(jnp.any(found.valid[0], axis=1), f[:, 0] - now, -jnp.inf)
+        fitted = [_with_parts(t, sources, unlinked)[:, 0] for t in (t_x, t_y, t_v)]
+        pick = lambda a: _slot(a[None], best)[0, :, 0]  # noqa: E731
+        return jnp.stack([u_, v_, pick(found.x[0]), pick(found.y[0])], axis=1), jnp.stack(fitted, axis=1), gains
 
     # Prunings in chunks, so that the `[K_g, J, R, C, P, S]` vectors of a chunk stay near `CHUNK_BYTES`.
     count = 3 * (m - n)
     per_slot = sum(int(np.prod(s.partials.post.shape[3:])) * len(s.parts) for s in sources)
     slots_per_pruning = 2 * (2 ** (radius + 1) - 2)
-    chunk = max(1, min(count, CHUNK_BYTES // (8 * 8 * per_slot * slots_per_pruning)))
+    chunk = max(1, min(count, CHUNK_BYTES // (6 * 8 * per_slot * slots_per_pruning)))
     chunks = -(-count // chunk)
     order = jnp.minimum(jnp.arange(chunks * chunk), count - 1).reshape(chunks, chunk)
     nodes, fitted, gains = jax.lax.map(score, order)
@@ -262,61 +281,71 @@ def spr_scores(parents: Int[Array, " M"], lengths: Float[Array, "M *K"], model, 
     return SPRScores(merge(nodes), merge(fitted), merge(gains))
 
 
+class NewBranches(eqx.Module):
+    """The vectors around one chosen regraft of each pruning, for one group: parts first, `[K_g, J, 1, ...]`."""
+
+    toward: Float[Array, "K J 1 C P S"]  # X at x
+    away: Float[Array, "K J 1 C P S"]  # D[y|x] at y
+    pruned: Float[Array, "K J 1 C P S"]  # D[v|u] at v
+    length: Float[Array, "K J 1"]  # t_xy
+    start_v: Float[Array, "K J 1"]  # t_uv
+    eigen: EigenSystem
+    root_weights: Float[Array, "K 1 1 C 1 S"]  # w pi
+    weights: Float[Array, "K 1 1 P"]
+    fixed: Float[Array, "K J 1"]  # sum_p w_p (log factors of the three vectors)
+
+
 def _part_lengths(t, index: int, unlinked: bool):
-    """Group `index`'s parts' lengths `[K_g, J, R]`: their own (unlinked, `t` a list), or the shared `[J, R]`."""
+    """Group `index`'s parts' lengths `[K_g, J, 1]`: their own (unlinked, `t` a list), or the shared `[J, 1]`."""
     return t[index] if unlinked else t[None]
 
 
 def _with_parts(t, sources, unlinked: bool):
-    """Fitted lengths `[J, R]`, or unlinked ones with the model's parts last `[J, R, K]`."""
+    """Fitted lengths `[J, 1]`, or unlinked ones with the model's parts last `[J, 1, K]`."""
     return _parts_last(t, sources) if unlinked else t
 
 
-def _new_branch(term, index, t_x, t_y, t_v, which, unlinked):
-    """Eigen coefficients of branch `which` of every slot of one group, the other two at their lengths."""
-    r, e = term["r"], term["eigen"]
-    grow = jax.vmap(propagate)  # over parts
-    t = {name: _part_lengths(x, index, unlinked) for name, x in (("x", t_x), ("y", t_y), ("v", t_v))}
-    k = r.toward.shape[0]
-    full = lambda a: jnp.broadcast_to(a, (k,) + r.length.shape[1:])  # noqa: E731
-    vectors = {"x": r.toward, "y": r.away, "v": jnp.broadcast_to(term["pruned"], r.toward.shape)}
-    upper = term["root_weights"]
+def _new_branch(c: NewBranches, index, t_x, t_y, t_v, which, unlinked):
+    """Eigen coefficients of branch `which` of one group's chosen regrafts, the other two at their lengths."""
+    t = {name: jnp.broadcast_to(_part_lengths(x, index, unlinked), c.length.shape)
+         for name, x in (("x", t_x), ("y", t_y), ("v", t_v))}
+    vectors = {"x": c.toward, "y": c.away, "v": c.pruned}
+    upper = c.root_weights
     for name in ("x", "y", "v"):
         if name != which:
-            upper = upper * grow(e, vectors[name], full(t[name]))
-    return jax.vmap(eigen_coefficients)(e, upper, vectors[which])
+            upper = upper * jax.vmap(propagate)(c.eigen, vectors[name], t[name])
+    return jax.vmap(eigen_coefficients)(c.eigen, upper, vectors[which])
 
 
-def _fit_new_branches(terms, unlinked: bool):
-    """`t_v`, then `t_y`, then `t_x` by Newton's method, from `t_xy / 2` and `t_uv`."""
-    half = [term["r"].length / 2 for term in terms]
-    start_v = [jnp.broadcast_to(term["start_v"][..., None], term["r"].length.shape) for term in terms]
+def _slot(a: Array, best: Int[Array, " J"]) -> Array:
+    """Slot `best[j]` of every pruning `j` of `a [K_g, J, R, ...]`, keeping the slot axis: `[K_g, J, 1, ...]`."""
+    return jnp.take_along_axis(a, best.reshape((1, -1, 1) + (1,) * (a.ndim - 3)), axis=2)
+
+
+def _fit_new_branches(chosen: list[NewBranches], unlinked: bool):
+    """`t_v`, then `t_y`, then `t_x` by Newton's method, from `t_x = t_y = t_xy / 2` and `t_v = t_uv`."""
     if unlinked:
-        t_x, t_y, t_v = list(half), list(half), start_v
+        t_x, t_v = [c.length / 2 for c in chosen], [c.start_v for c in chosen]
     else:
-        t_x, t_y, t_v = half[0][0], half[0][0], start_v[0][0]
+        t_x, t_v = chosen[0].length[0] / 2, chosen[0].start_v[0]
+    t_y = t_x
     for which in ("v", "y", "x"):
-        fit_terms = [_new_branch(term, i, t_x, t_y, t_v, which, unlinked) + (term["weights"],)
-                     for i, term in enumerate(terms)]
+        terms = [_new_branch(c, i, t_x, t_y, t_v, which, unlinked) + (c.weights,) for i, c in enumerate(chosen)]
         now = {"x": t_x, "y": t_y, "v": t_v}[which]
-        if unlinked:
-            fitted, _ = part_branch_newton(fit_terms, now, LAZY_NEWTON_STEPS)
-        else:
-            fitted, _ = branch_newton(fit_terms, now, LAZY_NEWTON_STEPS)
+        fitted, _ = (part_branch_newton if unlinked else branch_newton)(terms, now)
         t_x, t_y, t_v = (fitted if which == name else old for name, old in (("x", t_x), ("y", t_y), ("v", t_v)))
     return t_x, t_y, t_v
 
 
-def _log_likelihood(terms, t_x, t_y, t_v, unlinked: bool) -> Float[Array, "J R"]:
-    """`sum_p w_p log n_p` of every slot at the fitted lengths, summed over parts (no scale factors)."""
+def _log_likelihood(chosen: list[NewBranches], t_x, t_y, t_v, unlinked: bool) -> Float[Array, "J 1"]:
+    """`sum_p w_p log n_p` of the chosen regrafts at the fitted lengths, summed over parts (no scale factors)."""
     total = 0.0
-    for i, term in enumerate(terms):
-        g, e = _new_branch(term, i, t_x, t_y, t_v, "x", unlinked)
-        t = _part_lengths(t_x, i, unlinked)
-        t = jnp.broadcast_to(t, g.shape[:3])
+    for i, c in enumerate(chosen):
+        g, e = _new_branch(c, i, t_x, t_y, t_v, "x", unlinked)
+        t = jnp.broadcast_to(_part_lengths(t_x, i, unlinked), c.length.shape)
         n = jnp.einsum("...cpk,...ck->...p", g, jnp.exp(e[:, None, None] * t[..., None, None]),
                        precision=product_precision())
-        total = total + jnp.sum(term["weights"] * jnp.log(jnp.maximum(n, 1e-300)), axis=(0, -1))
+        total = total + jnp.sum(c.weights * jnp.log(jnp.maximum(n, 1e-300)), axis=(0, -1))
     return total
 
 
