@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--radius", type=int, default=None)
     parser.add_argument("--lengths-method", default="auto", choices=("auto", "lbfgs", "newton"))
+    parser.add_argument("--max-seconds", type=float, default=None, help="stop our search after this long")
     parser.add_argument("--iqtree", default=shutil.which("iqtree2") or "iqtree2")
     parser.add_argument("--iqtree-timeout", type=float, default=3600)
     parser.add_argument("--iqtree-threads", default="1,AUTO")
@@ -115,7 +116,8 @@ def main() -> None:
                           if (r["case"], r["settings"]["lengths_method"]) not in
                           {(c, args.lengths_method) for c in args.cases.split(",")}]
     options = {k: v for k, v in dict(patience=args.patience, batch=args.batch, radius=args.radius,
-                                     lengths_method=args.lengths_method).items() if v is not None}
+                                     lengths_method=args.lengths_method, max_seconds=args.max_seconds).items()
+               if v is not None}
     settings = ml.SearchSettings(**options)
     version = subprocess.run([args.iqtree, "--version"], capture_output=True, text=True).stdout.splitlines()
     record["iqtree"] = version[0] if version else None

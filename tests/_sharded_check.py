@@ -140,22 +140,22 @@ def runs(alignment_path: str, reference: str) -> dict:
     result = {"devices": len(jax.devices())}
     # A bootstrap is a batch of ML searches (each replicate's NNI climb with its lengths re-fitted), the
     # replicates over `batch`, their padded pattern counts over `patterns`.
-    fitted = ml.fit(alignment, jp.bionj(jp.distances(alignment), alignment.taxa), "HKY+G4")
+    fitted = ml.fit(alignment, jp.bionj(jp.distances(alignment), alignment.taxa), "HKY")
     settings = ml.SearchSettings(batch=2)
-    runs = [ml.bootstrap(alignment, fitted, replicates=4, settings=settings, mesh=mesh)
+    runs = [ml.bootstrap(alignment, fitted, replicates=2, settings=settings, mesh=mesh)
             for mesh in (None, jp.device_mesh(batch=2, patterns=2))]
     result["bootstrap"] = {"supports_equal": runs[0][0] == runs[1][0],
                            "rf": max(ml.robinson_foulds(a, b) for a, b in zip(runs[0][1], runs[1][1])),
                            "lengths": max(max_difference(a.branch_lengths, b.branch_lengths)
                                           for a, b in zip(runs[0][1], runs[1][1]))}
-    mcmc = ["mcmc", "--model", "HKY+G4", "--runs", "2", "--chains", "2", "--generations", "200", "--sample-every",
+    mcmc = ["mcmc", "--model", "HKY", "--runs", "2", "--chains", "2", "--generations", "200", "--sample-every",
             "50", "--block", "2", "--seed", "1"]  # test_sharding.MCMC; its mesh runs are the two-process ones
     assert cli.main([*mcmc, alignment_path, "-o", reference, "--devices", "1"]) == 0
     with tempfile.TemporaryDirectory() as folder:
         logs = []
         for name, devices in (("one", ["--devices", "1"]), ("four", ["--mesh", "patterns=4"])):
             out = f"{folder}/{name}"
-            assert cli.main(["sample", "--example", "--model", "HKY+G4", "--chains", "2", "--warmup", "20",
+            assert cli.main(["sample", "--example", "--model", "HKY", "--chains", "2", "--warmup", "20",
                              "--samples", "10", "--block", "10", "--out", out, "--no-progress", *devices]) == 0
             posterior = az.from_netcdf(f"{out}/posterior.nc").posterior
             logs.append({k: np.asarray(posterior[k]) for k in posterior.data_vars})

@@ -87,6 +87,17 @@ def write_fasta(alignment, path: Path) -> Path:
     return path
 
 
+# The files that take longest (a full run's `--durations`), started first: with two workers taking a file at a
+# time, a long file left for last would run alone at the end.
+LONGEST_FIRST = ("test_sharding.py", "test_mc3.py", "test_ml.py", "test_partitioned_inference.py",
+                 "test_notebooks.py", "test_sampling.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: order within a file kept
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _free_compiled_programs():
     """Drop each test module's compiled programs when it ends.

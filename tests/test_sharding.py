@@ -97,7 +97,7 @@ class _Helpers:
                 process.wait()
 
 
-MCMC = ["mcmc", "--model", "HKY+G4", "--runs", "2", "--chains", "2", "--generations", "200", "--sample-every", "50",
+MCMC = ["mcmc", "--model", "HKY", "--runs", "2", "--chains", "2", "--generations", "200", "--sample-every", "50",
         "--block", "2", "--seed", "1"]
 
 

@@ -171,9 +171,17 @@ def max_step_width(model: Model, data: PatternData, dtype, batch: int = 1) -> in
 
     if isinstance(model, PartitionedModel):
         return min(max_step_width(model.models[g.parts[0]], g, dtype, batch * len(g.parts)) for g in data.groups)
+    return max(1, STEP_BYTES // (batch * node_bytes(model, data, dtype)))
+
+
+def node_bytes(model: Model, data: PatternData, dtype) -> int:
+    """Bytes of one node's `[C, P, S]` partials (a partitioned model's: every part's, summed)."""
+    from ..models._partitioned import PartitionedModel
+
+    if isinstance(model, PartitionedModel):
+        return sum(len(g.parts) * node_bytes(model.models[g.parts[0]], g, dtype) for g in data.groups)
     _, weights = jax.eval_shape(model.rate_categories)
-    node_bytes = weights.shape[0] * data.tip_codes.shape[-1] * data.tip_table.shape[-1] * jnp.dtype(dtype).itemsize
-    return max(1, STEP_BYTES // (batch * node_bytes))
+    return weights.shape[0] * data.tip_codes.shape[-1] * data.tip_table.shape[-1] * jnp.dtype(dtype).itemsize
 
 
 def schedule_for(tree: Tree, model: Model, data: PatternData, dtype) -> Schedule:

@@ -47,7 +47,7 @@ from .._simulate import random_topology_tree
 from .._tree import Tree, TreeBatch
 from ..likelihood import pattern_data
 from ..likelihood._finite import require_finite
-from ..likelihood._api import PRECISIONS, _batch_pattern_log_likelihoods, max_step_width
+from ..likelihood._api import PRECISIONS, _batch_pattern_log_likelihoods, max_step_width, node_bytes
 from ..models import Model, PartitionedModel, partitioned_data
 from ._fit import MLResult, reported_parameters, resolve_model
 from ._newton import newton_lengths
@@ -59,6 +59,8 @@ from ._spr import regrafted_tree, spr_scores
 from ._support import _kernel_splits
 
 SEARCH_TOLERANCE = 0.01  # log-likelihood units over five L-BFGS iterations while searching; 1e-3 for model fits
+LENGTHS_BYTES = 16 << 30  # partials that one call of a length optimiser may hold (trees beyond it: more calls)
+LENGTHS_BUFFERS = 24  # partials buffers per tree in a length optimiser (Newton: 4 step fractions, derivative passes)
 
 
 @dataclass
@@ -141,9 +143,23 @@ def optimise_lengths(parents, lengths, fixed, problem: Problem, tolerance: float
     if method == "auto":
         method = "lbfgs" if jax.default_backend() == "cpu" else "newton"
     if method == "newton":
-        lengths, value, _ = newton_lengths(parents, lengths, fixed, problem, tolerance)
-        return lengths, value
-    return lbfgs_lengths(parents, lengths, fixed, problem, tolerance)
+        optimise = lambda *a: newton_lengths(*a, tolerance)[:2]  # noqa: E731
+    else:
+        optimise = lambda *a: lbfgs_lengths(*a, tolerance)  # noqa: E731
+    # Large alignments: trees in groups whose partials fit in LENGTHS_BYTES (the group size depends on the
+    # problem only, never on the machine, so a search's result does not either).
+    batch = parents.shape[0]
+    tree_bytes = LENGTHS_BUFFERS * (parents.shape[1] + 1) * node_bytes(problem.model, problem.data, problem.dtype)
+    size = max(1, min(batch, LENGTHS_BYTES // tree_bytes))
+    if size == batch:
+        return optimise(parents, lengths, fixed, problem)
+    results = []
+    for start in range(0, batch, size):
+        rows = np.minimum(np.arange(start, start + size), batch - 1)  # the last group padded with its last tree
+        weights = problem.weights[rows] if problem.weights.shape[0] == batch else problem.weights
+        group = eqx.tree_at(lambda p: p.weights, problem, weights)
+        results.append(optimise(parents[rows], lengths[rows], fixed[rows], group))
+    return tuple(jnp.concatenate(x)[:batch] for x in zip(*results))
 
 
 @eqx.filter_jit
