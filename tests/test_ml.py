@@ -285,8 +285,8 @@ def run_cli(*args, cwd=None):
                           cwd=cwd, env=env)
 
 
-ML_COMMAND = ("ml", "sim.fasta", "-m", "HKY+G4", "--patience", "2", "--batch", "2", "--alrt", "100", "--bootstrap",
-              "4")
+ML_COMMAND = ("ml", "sim.fasta", "-m", "HKY+G4", "--patience", "1", "--batch", "2", "--alrt", "100", "--bootstrap",
+              "2")
 ML_FILES = ("sim.fasta.treefile", "sim.fasta.json", "sim.fasta.log", "sim.fasta.ckpt", "sim.fasta.boot.ckpt")
 
 
