@@ -113,7 +113,7 @@ def main() -> None:
     path = Path(args.out) / f"ml_search-{record['platform']}.json"
     if path.exists():
         record["rows"] = [r for r in json.loads(path.read_text())["rows"]
-                          if (r["case"], r["settings"]["lengths_method"]) not in
+                          if (r["case"], r["settings"].get("lengths_method", "auto")) not in
                           {(c, args.lengths_method) for c in args.cases.split(",")}]
     options = {k: v for k, v in dict(patience=args.patience, batch=args.batch, radius=args.radius,
                                      lengths_method=args.lengths_method, max_seconds=args.max_seconds).items()
