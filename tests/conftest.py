@@ -74,6 +74,9 @@ def sigterm_at_random_moment(command, low: float, high: float, **popen) -> tuple
     waited = time.time() - sent
     if process.returncode == 0:
         pytest.skip(f"the run finished before SIGTERM at {delay:.1f} s")
+    if process.returncode == -signal.SIGTERM and not stderr:
+        # Python was still importing JAX (slow on a loaded machine): no handler yet, nothing started or written.
+        pytest.skip(f"SIGTERM at {delay:.1f} s came during interpreter start-up, before any handler")
     assert process.returncode == 75, stderr
     assert waited < 30, f"stopped {waited:.1f} s after SIGTERM (sent at {delay:.1f} s)"
     assert "--resume" in stderr and "Traceback" not in stderr
