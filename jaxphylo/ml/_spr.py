@@ -243,14 +243,14 @@ def spr_scores(parents: Int[Array, " M"], lengths: Float[Array, "M *K"], model, 
             r = jax.vmap(per_pruning, in_axes=(0, 0, 0, None, None, None, None, None))(
                 t, d, source.eigen, u_, v_, s1_, s2_, valid_)  # [K_g, J, R]
             pruned = jax.vmap(lambda t: DirectedPartials.index(t, v_, u_))(t)  # [K_g, J]
-            take = jax.vmap(lambda d, rows: (d.vectors[rows], d.scales[rows], d.messages[rows], d.halves[rows]))
-            pruned_vector, pruned_scale, pruned_message, _ = take(d, pruned)
+            pruned_vector, pruned_scale, pruned_message = jax.vmap(
+                lambda d, rows: (d.vectors[rows], d.scales[rows], d.messages[rows]))(d, pruned)
             part_weights = source.weights[:, 0][:, None, None, :].astype(dtype)  # [K_g, 1, 1, P]
             root_weights = (source.partials.category_weights[:, 0, :, None, None] *
                             source.partials.frequencies[:, 0, None, None, :])[:, None, None]
             fixed = jnp.sum(part_weights * (r.scale + pruned_scale[:, :, None]), -1)  # [K_g, J, R]
             # RAxML's lazy screen: every slot with t_x = t_y = t_xy / 2 and t_v = t_uv ...
-            away_half = take(d, r.away)[3]
+            away_half = jax.vmap(lambda d, rows: d.halves[rows])(d, r.away)
             n_c = jnp.sum(root_weights * r.toward_half * away_half * pruned_message[:, :, None], axis=(-3, -1))
             screen = screen + jnp.sum(fixed + jnp.sum(part_weights * jnp.log(jnp.maximum(n_c, 1e-300)), -1), 0)
             groups.append((source, d, r, pruned_vector, t, part_weights, root_weights, fixed))
