@@ -1,4 +1,5 @@
-"""Discrete-Gamma rates on device: against SciPy in float64 and float32, exact derivative, jit/vmap, no host work.
+"""Discrete-Gamma rates on device: against SciPy in float64 and float32, exact derivative, jit/vmap, no host work;
+the same for the median rates (`+G4m`).
 
 Each distinct (k, dtype, batch shape, transformation) compiles once (~1 s on a CPU), so the tests share
 their batches: the float64 rates and their derivatives come from one JVP per k.
@@ -14,7 +15,7 @@ import scipy.special
 import scipy.stats
 
 import jaxphylo as jp
-from jaxphylo.models._rates import discrete_gamma_rates
+from jaxphylo.models._rates import discrete_gamma_rates, median_gamma_rates
 
 SHAPES = np.geomspace(0.02, 200.0, 25)
 
@@ -90,3 +91,63 @@ def test_jit_vmap_batches_and_no_host_callback():
     rates, weights = jp.models.DiscreteGamma(jnp.asarray(0.5), 4).categories()  # the plain (primal) path
     np.testing.assert_allclose(rates, scipy_rates(0.5, 4), rtol=1e-12)
     np.testing.assert_allclose(weights, 0.25)
+
+
+# --- median rates (+G4m) ---------------------------------------------------------------------------
+
+MEDIAN_SHAPES = np.geomspace(0.05, 50.0, 19)
+
+
+def scipy_median_rates(shape: float, k: int) -> np.ndarray:
+    """Yang (1994)'s median method: b_i = ppf((2i + 1) / (2k)) of Gamma(a, rate a), rescaled to mean one."""
+    medians = scipy.stats.gamma.ppf((2 * np.arange(k) + 1) / (2 * k), shape, scale=1 / shape)
+    return k * medians / medians.sum()
+
+
+@functools.cache
+def median_rates_and_slopes(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Median rates [19, k] for MEDIAN_SHAPES and their derivatives in the shape, by one JVP (as above)."""
+    shapes = jnp.asarray(MEDIAN_SHAPES)
+    rates, slopes = jax.jvp(lambda a: median_gamma_rates(a, k), (shapes,), (jnp.ones_like(shapes),))
+    return np.asarray(rates), np.asarray(slopes)
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_median_rates_match_scipy_in_float64(k):
+    got, _ = median_rates_and_slopes(k)
+    want = np.array([scipy_median_rates(a, k) for a in MEDIAN_SHAPES])
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=0)
+    np.testing.assert_allclose(got.mean(axis=1), 1.0, rtol=0, atol=1e-14)
+    assert np.all(np.diff(got, axis=1) > 0)
+    np.testing.assert_array_equal(median_gamma_rates(0.7, 1), [1.0])
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_median_derivative_matches_finite_differences_of_scipy(k):
+    _, slopes = median_rates_and_slopes(k)
+    np.testing.assert_allclose(slopes.sum(axis=1), 0.0, rtol=0, atol=1e-12)  # the mean stays one
+    for a, slope in zip(MEDIAN_SHAPES, slopes):
+        # The stencil and allowance of `test_derivative_matches_finite_differences_of_scipy`, for the same reasons:
+        # the lowest medians go like (2k)^(-1/a), so d log r/da ~ log(2k)/a^2.
+        h = 1e-3 * a * min(a, 1.0)
+        stencil = (scipy_median_rates(a - 2 * h, k) - 8 * scipy_median_rates(a - h, k)
+                   + 8 * scipy_median_rates(a + h, k) - scipy_median_rates(a + 2 * h, k)) / (12 * h)
+        allowance = 1e-7 * np.abs(stencil) + 1e-12 * np.abs(scipy_median_rates(a, k)) / h
+        assert np.all(np.abs(slope - stencil) <= allowance), (a, slope, stencil)
+
+
+def test_median_rates_in_float32_under_grad_and_in_the_model():
+    got = np.asarray(median_gamma_rates(jnp.asarray(MEDIAN_SHAPES, jnp.float32), 4))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, [scipy_median_rates(a, 4) for a in MEDIAN_SHAPES], rtol=2e-5)
+
+    weights = jnp.arange(1.0, 5)
+    grads = jax.jit(jax.vmap(jax.grad(lambda a: jnp.sum(weights * median_gamma_rates(a, 4)))))(
+        jnp.asarray(MEDIAN_SHAPES))  # reverse mode, through the custom JVP of the log quantiles
+    np.testing.assert_allclose(grads, median_rates_and_slopes(4)[1] @ weights, rtol=1e-12)
+
+    rates, weights = jp.models.DiscreteGamma(jnp.asarray(0.5), 4, median=True).categories()
+    np.testing.assert_allclose(rates, scipy_median_rates(0.5, 4), rtol=1e-12)
+    np.testing.assert_allclose(weights, 0.25)
+    assert not np.allclose(rates, jp.models.DiscreteGamma(jnp.asarray(0.5), 4).categories()[0], rtol=1e-2)

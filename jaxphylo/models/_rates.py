@@ -258,16 +258,23 @@ def _gamma_quantiles(s: _Shape, p: Array) -> Array:
     return u
 
 
-def _shape_and_quantiles(shape, k: int) -> tuple[_Shape, Array]:
-    """(`_shape` of a [..., k-1], u_i = log(x_i / a), x_i the i/k quantile of Gamma(a, 1), i = 1..k-1).
+def _probabilities(k: int, median: bool) -> np.ndarray:
+    """Where the quantiles are taken: the k-1 inner category bounds i/k (i = 1..k-1), or with `median`
+    the k category medians (2i + 1) / (2k) (i = 0..k-1)."""
+    return (2 * np.arange(k) + 1) / (2 * k) if median else np.arange(1, k) / k
 
-    a is broadcast to [..., k-1] behind an optimisation barrier: left a broadcast, XLA splits each
+
+def _shape_and_quantiles(shape, k: int, median: bool = False) -> tuple[_Shape, Array]:
+    """(`_shape` of a [..., n], u_j = log(x_j / a), x_j the p_j quantile of Gamma(a, 1)), p = `_probabilities`.
+
+    a is broadcast to [..., n] behind an optimisation barrier: left a broadcast, XLA splits each
     expression into its a-only and its per-quantile parts and compiles for 2.5 times as long.
     """
+    p = _probabilities(k, median)
     a = jnp.asarray(shape, jnp.result_type(shape, float))
-    a = jax.lax.optimization_barrier(jnp.broadcast_to(a[..., None], a.shape + (k - 1,)))
+    a = jax.lax.optimization_barrier(jnp.broadcast_to(a[..., None], a.shape + p.shape))
     s = _shape(a)
-    return s, _gamma_quantiles(s, jnp.arange(1, k, dtype=a.dtype) / k)
+    return s, _gamma_quantiles(s, jnp.asarray(p, a.dtype))
 
 
 def _rates_from_cdf(cdf: Array, ends: float, k: int) -> Array:
@@ -329,14 +336,65 @@ def _rates_and_slopes(shape, k: int) -> tuple[Array, Array]:
     return _rates_from_cdf(cdf, 1.0, k), _rates_from_cdf(dcdf_da - jnp.exp(u) * dp_da, 0.0, k)
 
 
+def median_gamma_rates(shape: Float[Array, ""], k: int) -> Float[Array, " k"]:
+    r"""Median rates of the k equal-weight categories of a Gamma(shape, shape) distribution (Yang 1994).
+
+    Yang's "median" method, which BEAST 1.10's GammaSiteRateModel uses (IQ-TREE 2: `--gamma-median`):
+    with b_i the (2i + 1) / (2k) quantile of Gamma(a, rate a), i = 0..k-1 (the median of category i),
+
+        rate_i = k b_i / sum_j b_j,
+
+    rescaled so that the rates average one. With u_i = log b_i that is k softmax(u)_i, which stays
+    finite where the lowest b_i underflows (small shapes). The u_i come from the quantile code that
+    `discrete_gamma_rates` uses (on device, no loop, dtype of `shape`, any batch shape); their
+    derivative in a is implicit (`_median_log_quantiles`), the softmax is differentiated as it stands.
+    """
+    return k * jax.nn.softmax(_median_log_quantiles(shape, k), axis=-1)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _median_log_quantiles(shape, k: int) -> Array:
+    r"""u_i = log b_i, b_i the (2i + 1) / (2k) quantile of Gamma(a, rate a), i = 0..k-1 ([..., k]).
+
+    Derivative by the implicit function theorem on P(a, a e^(u_i)) = p_i, not through the Halley
+    steps: with dP/da taken at fixed u (`_incomplete_gamma(..., slopes=True)`) and
+    dP/du = x f(a, x) = a T_0 (x = a e^u, f the Gamma(a, 1) density),
+
+        du_i/da = -(dP/da)(a, u_i) / (a T_0(a, u_i)).
+    """
+    return _log_medians(shape, k)
+
+
+@_median_log_quantiles.defjvp
+def _median_log_quantiles_jvp(k, primals, tangents):
+    (shape,), (tangent,) = primals, tangents
+    u, slopes = _log_medians_and_slopes(shape, k)
+    return u, slopes * jnp.asarray(tangent, u.dtype)[..., None]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _log_medians(shape, k: int) -> Array:
+    return _shape_and_quantiles(shape, k, median=True)[1]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _log_medians_and_slopes(shape, k: int) -> tuple[Array, Array]:
+    s, u = _shape_and_quantiles(shape, k, median=True)
+    _, _, _, log_t0, dp_da, _ = _incomplete_gamma(s, u, slopes=True)
+    return u, -dp_da * jnp.exp(-s.log_a - log_t0)
+
+
 class DiscreteGamma(RateVariation):
-    """Yang (1994) discrete Gamma with `num_categories` equal-weight categories, mean rates."""
+    """Yang (1994) discrete Gamma with `num_categories` equal-weight categories: each category's
+    mean rate (`discrete_gamma_rates`; IQ-TREE, MrBayes), or with `median` its median rate
+    rescaled to mean one (`median_gamma_rates`; BEAST 1.10, IQ-TREE's `--gamma-median`)."""
 
     shape: Float[Array, ""]
     num_categories: int = eqx.field(static=True, default=4)
+    median: bool = eqx.field(static=True, default=False)
 
     def categories(self):
-        rates = discrete_gamma_rates(self.shape, self.num_categories)
+        rates = (median_gamma_rates if self.median else discrete_gamma_rates)(self.shape, self.num_categories)
         return rates, jnp.full(self.num_categories, 1.0 / self.num_categories, rates.dtype)
 
 
