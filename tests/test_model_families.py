@@ -173,7 +173,8 @@ def test_ml_fit_reaches_iqtrees_optimum(model, dna_case, tmp_path):
 
 
 ROUND_TRIP = ["TIM2{0.6,3.3,5.2}" + FREQ + "+I{0.2}", "K3P{2.5,0.6}", "TIM2e{1,2,3,4}", "TNe{2,3}",
-              "010232{1,2,3}+F{0.1,0.2,0.3,0.4}", "Q.bird+F{" + ",".join(["0.08", "0.02"] + ["0.05"] * 18) + "}"]
+              "010232{1,2,3}+F{0.1,0.2,0.3,0.4}", "Q.bird+F{" + ",".join(["0.08", "0.02"] + ["0.05"] * 18) + "}",
+              "HKY{2.5}" + FREQ + "+I{0.1}+G4m{0.6}", "K80{2}+G8m{0.3}"]
 
 
 @pytest.mark.parametrize("model", ROUND_TRIP + ["K3P with other frequencies"])
@@ -188,6 +189,24 @@ def test_model_string_round_trip(model):
     np.testing.assert_allclose(again.substitution.rate_matrix(), parsed.substitution.rate_matrix(), rtol=1e-5)
     for a, b in zip(parsed.rate_categories(), again.rate_categories()):
         np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_median_gamma_terms_stay_median_when_parameters_move():
+    """+G4m, +Gm (4 categories), +I+G4m: median rates, the shape free unless given, and still median (written
+    `+G4m`) after ML's coordinates or a prior draw replace the shape."""
+    model = jp.parse_model("HKY+I+Gm")
+    assert model.rate_variation.base.median and model.rate_variation.base.num_categories == 4
+    assert not jp.parse_model("HKY+G4").rate_variation.median
+    assert jp.models.estimated_parameters("HKY+I+G4m") == {"exchangeabilities", "frequencies", "gamma_shape",
+                                                            "proportion_invariant"}
+    assert jp.models.estimated_parameters("HKY{2}+F+G4m{0.5}") == frozenset()
+    free = jp.models.estimated_parameters("HKY+I+G4m")
+    coordinates = ModelCoordinates(model, free)
+    moved = coordinates.model({name: value + 0.3 for name, value in coordinates.start().items()})
+    drawn = handlers.seed(sample_model, jax.random.PRNGKey(1))(model, free)
+    for other in (moved, drawn):
+        assert float(other.rate_variation.base.shape) != 1.0
+        assert re.search(r"\+I\{[^}]*\}\+G4m\{[^}]*\}$", model_string(other)), model_string(other)
 
 
 def test_named_models_are_their_rate_classes():

@@ -39,6 +39,8 @@ _FREQUENCY_TERMS = ("F", "FO", "FQ", "FU")
 _CODON_FREQUENCY_TERMS = ("F1X4", "F3X4")
 _TERM = re.compile(r"^([A-Za-z][A-Za-z0-9]*?)(\d*)(?:\{([^{}]*)\})?$")
 _BASE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.]*)()(?:\{([^{}]*)\})?$")
+_MEDIAN_GAMMA = re.compile(r"^G(\d*)M$")  # `_TERM` reads +G4m as the name `G4m`: its digits sit inside
+_RATE_KINDS = {"G": "gamma_shape", "GM": "gamma_shape", "I": "proportion_invariant", "R": "free_rates"}
 
 
 def parse_model(string: str, alignment: Alignment | None = None, genetic_code: int | None = None) -> Model:
@@ -59,7 +61,9 @@ def parse_model(string: str, alignment: Alignment | None = None, genetic_code: i
     estimated (empirical start), `+FQ` equal, `+FU` the model's own (a protein
     matrix's; equal for DNA, as IQ-TREE's user-defined frequencies with none
     given), `+F{...}` fixed values, `+F1X4`/`+F3X4` for codons. Rate terms:
-    `+G[k]{shape}`, `+I{proportion}`, `+R k{w1,r1,...,wk,rk}`.
+    `+G[k]{shape}` (categories' mean rates, as IQ-TREE), `+G[k]m{shape}` (their
+    medians, rescaled to mean one: BEAST 1.10, IQ-TREE's `--gamma-median`),
+    `+I{proportion}`, `+R k{w1,r1,...,wk,rk}`.
     Without a frequency term nucleotide and codon models use empirical
     frequencies when `alignment` is given, else equal; amino-acid models their
     own. The genetic code comes from `genetic_code` or the codon alignment
@@ -71,12 +75,13 @@ def parse_model(string: str, alignment: Alignment | None = None, genetic_code: i
     frequency_term, rate_terms = None, []
     for term in terms[1:]:
         name, number, values = _parse_term(term, string)
+        kind, number = _rate_kind(name, number)
         if name.upper().startswith("F"):
             if frequency_term is not None:
                 raise ModelError(f"model {string!r}: more than one frequency term ('+{term}')")
             frequency_term = (name.upper() + number, values)
-        elif name.upper() in ("G", "I", "R"):
-            rate_terms.append((name.upper(), number, values))
+        elif kind is not None:
+            rate_terms.append((kind, number, values))
         else:
             raise ModelError(f"model {string!r}: unknown term '+{term}'")
     pi = _frequencies(key, alphabet, frequency_term, alignment, string)
@@ -106,10 +111,23 @@ def estimated_parameters(string: str) -> frozenset[str]:
             (not frequency and key not in EMPIRICAL_MODELS) or (frequency and frequency[0].upper() == "FO")):
         free.add("frequencies")
     for term in terms[1:]:
-        name, _, values = _parse_term(term, string)
-        if values is None and name.upper() in ("G", "I", "R"):
-            free.add({"G": "gamma_shape", "I": "proportion_invariant", "R": "free_rates"}[name.upper()])
+        name, number, values = _parse_term(term, string)
+        kind, _ = _rate_kind(name, number)
+        if values is None and kind is not None:
+            free.add(_RATE_KINDS[kind])
     return frozenset(free)
+
+
+def _rate_kind(name, number):
+    """`(kind, number of categories)` of a rate term: kind `G`, `GM` (median Gamma, `+G4m`), `I`, `R`, or None.
+
+    `_TERM` leaves a median term's digits in its name (`G4m`, number ''): they are moved to the number here.
+    """
+    upper = name.upper()
+    median = _MEDIAN_GAMMA.match(upper)
+    if median and not number:
+        return "GM", median.group(1)
+    return (upper if upper in ("G", "I", "R") else None), number  # not `GM`: that name has digits after it (`+Gm4`)
 
 
 def _base(term, string):
@@ -304,11 +322,11 @@ def _rate_variation(terms, string):
             raise ModelError(f"model {string!r}: only one of +G and +R may be given")
         k = int(number) if number else 4
         if k < 1:
-            raise ModelError(f"model {string!r}: +{name} needs at least one category")
-        if name == "G":
+            raise ModelError(f"model {string!r}: +{'Gm' if name == 'GM' else name} needs at least one category")
+        if name in ("G", "GM"):
             if len(listed) > 1:
                 raise ModelError(f"model {string!r}: +G takes one shape value")
-            rates = DiscreteGamma(_positive("Gamma shape", listed[0] if listed else 1.0, string), k)
+            rates = DiscreteGamma(_positive("Gamma shape", listed[0] if listed else 1.0, string), k, name == "GM")
         else:
             if listed and len(listed) != 2 * k:
                 raise ModelError(f"model {string!r}: +R{k} takes {2 * k} values (weight, rate pairs)")
@@ -322,7 +340,7 @@ def _rate_variation(terms, string):
 def model_string(model: Model) -> str:
     """`model` in IQ-TREE's syntax with every value in braces, so that `parse_model` gives it back.
 
-    E.g. `GTR{1.2,3.4,0.8,1.1,4,1}+F{0.3,0.2,0.2,0.3}+G4{0.52}`,
+    E.g. `GTR{1.2,3.4,0.8,1.1,4,1}+F{0.3,0.2,0.2,0.3}+G4{0.52}` (`+G4m{0.52}` for median rates),
     `TIM2{2.1,4.5,6.3}+F{...}` (class rates over GT's). Equal-frequency models
     (JC69, K80, K3P, TIM2e, ...) with equal frequencies and amino-acid models
     with their own frequencies write no frequency term; an equal-frequency
@@ -357,7 +375,7 @@ def model_string(model: Model) -> str:
     if invariant is not None:
         text += f"+I{{{numbers(invariant)}}}"
     if isinstance(base, DiscreteGamma):
-        text += f"+G{base.num_categories}{{{numbers(base.shape)}}}"
+        text += f"+G{base.num_categories}{'m' if base.median else ''}{{{numbers(base.shape)}}}"
     elif isinstance(base, FreeRates):
         weights = base.weights / jnp.sum(base.weights)
         means = base.rates / jnp.sum(weights * base.rates)
