@@ -31,15 +31,16 @@ def require(tool: str) -> str:
     return path
 
 
-def iqtree_log_likelihood(alignment_path, tree_path, model: str, workdir: Path, data_type=None) -> float:
-    """IQ-TREE 2's log-likelihood with the tree, branch lengths and all model values fixed."""
+def iqtree_log_likelihood(alignment_path, tree_path, model: str, workdir: Path, data_type=None, options=()) -> float:
+    """IQ-TREE 2's log-likelihood with the tree, branch lengths and all model values fixed (`options`: more flags,
+    e.g. `--gamma-median`)."""
     require("iqtree2")
     prefix = workdir / "iq"
     command = ["iqtree2", "-s", str(alignment_path), "-te", str(tree_path), "-blfix", "-m", model,
                "-pre", str(prefix), "-redo", "-quiet", "-nt", "1", "-seed", "1", "-keep-ident"]
     if data_type:
         command += ["-st", data_type]
-    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    subprocess.run(command + list(options), check=True, capture_output=True, timeout=600)
     for line in (prefix.with_suffix(".iqtree")).read_text().splitlines():
         if line.startswith("Log-likelihood of the tree:"):
             return float(line.split(":")[1].split()[0])

@@ -30,12 +30,14 @@ def tolerance(value):
     return max(1e-3, 1e-7 * abs(value))
 
 
-def check(alignment_path, tree_path, model, tmp_path, data_type=None, **read):
+def check(alignment_path, tree_path, model, tmp_path, data_type=None, iqtree_model=None, iqtree_options=(), **read):
+    """Our log L of `model` against IQ-TREE's of `iqtree_model` (default: the same string) run with `iqtree_options`."""
     alignment = jp.read_alignment(alignment_path, data_type=data_type, **read)
     tree = jp.read_tree(tree_path)
     ours = float(jp.log_likelihood(alignment, tree, jp.parse_model(model, alignment=alignment)))
     iq_type = {"protein": "AA", "dna": "DNA"}.get(alignment.alphabet.name)
-    reference = iqtree_log_likelihood(alignment_path, tree_path, model, tmp_path, iq_type)
+    reference = iqtree_log_likelihood(alignment_path, tree_path, iqtree_model or model, tmp_path, iq_type,
+                                      iqtree_options)
     assert abs(ours - reference) < tolerance(reference), (model, ours, reference)
     return ours
 
@@ -45,6 +47,15 @@ def check(alignment_path, tree_path, model, tmp_path, data_type=None, **read):
 def test_nucleotide_models_on_real_data(model, rates, tmp_path):
     folder = dataset("DS1")
     check(folder / "alignment.fasta", folder / "tree.nwk", model + rates, tmp_path)
+
+
+@pytest.mark.parametrize("model", ["HKY{2.5}" + FREQ + "+G4m{0.5}",
+                                   "GTR{1.2,3.4,0.8,1.1,4.0}" + FREQ + "+I{0.1}+G4m{0.8}"])
+def test_median_gamma_against_iqtree_gamma_median(model, tmp_path):
+    """+G4m is IQ-TREE 2's +G4 run with `--gamma-median` (the mean-rate +G4 differs by ~12 log units here)."""
+    folder = dataset("DS1")
+    check(folder / "alignment.fasta", folder / "tree.nwk", model, tmp_path, iqtree_model=model.replace("G4m", "G4"),
+          iqtree_options=("--gamma-median",))
 
 
 @pytest.mark.parametrize("name", ["primates_mtDNA", "dengue4_env", "rsv2"])
