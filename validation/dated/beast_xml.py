@@ -6,7 +6,9 @@ The model and priors mirror the ones used by jaxphylo's dated sampler:
 
 * HKY, estimated base frequencies ~ Dirichlet(1,1,1,1),
   kappa ~ LogNormal(mu=1, sigma=1.25), discrete Gamma (4 categories) with
-  shape alpha ~ Exponential(mean 1), no invariant sites.
+  shape alpha ~ Exponential(mean 1), no invariant sites. BEAST 1.10's
+  GammaSiteRateModel gives each category its median rate, rescaled to mean
+  one: jaxphylo's ``+G4m`` (``run_jaxphylo.py --median-gamma``), not ``+G4``.
 * strict clock: clock.rate ~ CTMC rate reference prior (``ctmcScalePrior``);
   relaxed clock: uncorrelated lognormal, mean in real space,
   ucld.mean ~ CTMC reference prior, ucld.stdev ~ Exponential(mean 1/3).
@@ -322,7 +324,7 @@ def build_xml(args) -> str:
     w.param("kappa", id="kappa", value="2.0", lower="0.0")
     w.close("HKYModel")
     w.blank()
-    w.comment("discrete Gamma with 4 categories, no invariant sites")
+    w.comment("discrete Gamma with 4 categories, no invariant sites")  # BEAST: median rates (see above)
     w.open("siteModel", id="siteModel")
     w.open("substitutionModel")
     w.empty("HKYModel", idref="hky")

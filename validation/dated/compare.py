@@ -3,7 +3,8 @@
     python validation/dated/compare.py [--out validation/dated/comparison.json]
 
 For every BEAST run and every jaxphylo run of the same data set, clock and
-tree prior: posterior medians of age(root), the clock rate and kappa with
+tree prior: posterior medians of age(root), the clock rate, kappa and the
+Gamma shape (the same parameter only when ours used median rates, `+G4m`) with
 their Monte-Carlo standard errors (`sd / sqrt(ESS)`) and the difference in
 units of the combined error (|z| < 3 is "within Monte-Carlo error"); the
 largest difference of clade posteriors (over clades at >= 0.05 in either);
@@ -19,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SAME = {"age(root)": ("age(root)", "age(root)"), "clock rate": ("clock.rate", "clock.rate"),
-        "kappa": ("kappa", "kappa")}
+        "kappa": ("kappa", "kappa"), "gamma shape": ("alpha", "gamma_shape")}
 RELAXED = {"clock rate": ("ucld.mean", "ucld.mean")}
 
 
@@ -36,7 +37,8 @@ def _clades(record) -> dict:
 
 def compare(beast: dict, ours: dict) -> dict:
     row = {"dataset": beast["dataset"], "clock": beast["clock"], "tree_prior": beast["tree_prior"],
-           "ours": ours["device"], "parameters": {}}
+           "ours": ours["device"], "model": ours.get("model", "HKY+FO+G4"), "parameters": {}}
+    # (runs from before `--median-gamma` record no model: they are HKY+FO+G4, mean rates)
     names = {**SAME, **(RELAXED if beast["clock"] == "relaxed" else {})}
     for label, (theirs, mine) in names.items():
         b, o = beast["columns"][theirs], ours["columns"][mine]
@@ -66,7 +68,7 @@ def main() -> None:
         if _key(ours) in beast:
             rows.append({"file": path.name, **compare(beast[_key(ours)], ours)})
     for row in rows:
-        print(f"{row['file']}: {row['dataset']} {row['clock']} {row['tree_prior']} ({row['ours']})")
+        print(f"{row['file']}: {row['dataset']} {row['clock']} {row['tree_prior']} ({row['ours']}, {row['model']})")
         for label, p in row["parameters"].items():
             print(f"  {label:<12} BEAST {p['beast']:.6g} ± {p['beast_se']:.2g}   ours {p['ours']:.6g} ± "
                   f"{p['ours_se']:.2g}   z {p['z']:+.2f}")
