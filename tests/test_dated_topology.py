@@ -102,6 +102,11 @@ def test_ratio_coordinates_round_trip_and_log_jacobian():
     jac = jax.jacfwd(lambda x: ratio_heights(parents, anchors, z.at[inner].set(x), 5)[inner])(z[inner])
     assert float(ratio_log_jacobian(parents, anchors, heights, z, 5)) == pytest.approx(
         float(jnp.linalg.slogdet(jac)[1]), rel=1e-10)
+    flat = heights.at[:5].set(0.0)  # contemporaneous: tip 0 is as old as the root's anchor, a log(0) to mask
+    z = ratio_coordinates(parents, jnp.zeros(9), flat, 5)
+    gradient = jax.grad(lambda z: ratio_log_jacobian(parents, jnp.zeros(9), ratio_heights(parents, jnp.zeros(9), z, 5),
+                                                     z, 5))(z)
+    assert np.all(np.isfinite(gradient))
 
 
 def _dated_data(num_sites=1500, seed=5):

@@ -126,8 +126,10 @@ def ratio_coordinates(parents: Int[Array, "M"], anchors: Float[Array, "M"], heig
 def ratio_log_jacobian(parents, anchors, heights, z, num_tips: int) -> Float[Array, ""]:
     node = jnp.arange(parents.shape[0])
     inner = (node >= num_tips) & (parents >= 0)
-    above = heights[jnp.maximum(parents, 0)]
-    terms = jnp.log(above - anchors) + jax.nn.log_sigmoid(z) + jax.nn.log_sigmoid(-z)
+    # the root and tips are masked before the log: `log(0)` there (tip 0 the oldest, as with contemporaneous
+    # tips) would make the gradient NaN even where the value is dropped
+    span = jnp.where(inner, heights[jnp.maximum(parents, 0)] - anchors, 1.0)
+    terms = jnp.log(span) + jax.nn.log_sigmoid(z) + jax.nn.log_sigmoid(-z)
     return jnp.sum(jnp.where(inner, terms, 0.0)) + z[jnp.argmin(parents)]
 
 
