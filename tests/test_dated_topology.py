@@ -182,8 +182,8 @@ def test_ratio_coordinates_round_trip_and_log_jacobian():
         float(jnp.linalg.slogdet(jac)[1]), rel=1e-10)
     flat = heights.at[:5].set(0.0)  # contemporaneous: tip 0 is as old as the root's anchor, a log(0) to mask
     z = ratio_coordinates(parents, jnp.zeros(9), flat, 5)
-    gradient = jax.grad(lambda z: ratio_log_jacobian(parents, jnp.zeros(9), ratio_heights(parents, jnp.zeros(9), z, 5),
-                                                     z, 5))(z)
+    gradient = jax.jit(jax.grad(lambda z: ratio_log_jacobian(parents, jnp.zeros(9), ratio_heights(
+        parents, jnp.zeros(9), z, 5), z, 5)))(z)
     assert np.all(np.isfinite(gradient))
 
 
