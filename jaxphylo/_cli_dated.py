@@ -11,7 +11,7 @@ import sys
 
 from ._errors import JaxphyloError
 
-FREE_TREE_PRIORS = ("coalescent", "skygrid")
+FREE_TREE_PRIORS = ("coalescent", "skygrid", "yule", "birth-death")  # the last two: contemporaneous tips
 
 
 def add_free_topology_options(sample) -> None:
@@ -39,7 +39,7 @@ def wants_free_topology(args) -> bool:
 def run_free_topology(args) -> None:
     import jaxphylo as jp
     from jaxphylo.inference._dated_mcmc import DatedSettings
-    from jaxphylo.inference._dated_run import dated_mcmc
+    from jaxphylo.inference._dated_run import _check_speciation_tips, _tip_heights, dated_mcmc
 
     if args.p or args.q or args.Q:
         raise JaxphyloError("--topology free takes one model for the whole alignment (no -p/-q/-Q yet)")
@@ -52,6 +52,7 @@ def run_free_topology(args) -> None:
     tip_dates = None
     if args.dates or args.dates_in_names:
         tip_dates = jp.io.read_tip_dates(args.dates) if args.dates else jp.io.tip_dates_from_names(alignment.taxa)
+    _check_speciation_tips(prior, _tip_heights(alignment, tip_dates)[1])  # before a dry run too
     settings = DatedSettings(chains=args.chains, generations=(args.warmup + args.samples) * args.sample_every,
                              sample_every=args.sample_every, tune=args.warmup * args.sample_every,
                              block=args.block)

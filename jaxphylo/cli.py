@@ -417,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "intervals (sampled); NA to estimate (needs --clock)")
     sample.add_argument("--dates-in-names", action="store_true", help="dates at the end of taxon names, e.g. A_1999.5")
     sample.add_argument("--tree-prior", help="unrooted: exponential (default), gamma-dirichlet; "
-                                             "time tree: coalescent (default), skygrid, yule, birth-death")
+                                             "time tree: coalescent (default), skygrid, yule, birth-death "
+                                             "(the last two for contemporaneous tips)")
     sample.add_argument("--branch-rate", type=float, default=10.0, help="rate of the exponential branch-length prior")
     sample.add_argument("--priors", choices=("default", "mrbayes"), default="default",
                         help="substitution-parameter priors (mrbayes: kappa/(1+kappa) ~ Beta(1,1))")

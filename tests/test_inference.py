@@ -118,19 +118,29 @@ def test_skygrid_against_brute_force_and_the_constant_case():
 
 
 @pytest.mark.parametrize("birth, death, rho", [(2.0, 0.0, 1.0), (2.0, 1.5, 1.0), (1.0, 0.3, 0.2)])
-def test_birth_death_node_age_density_is_normalised(birth, death, rho):
-    tree = jp.random_topology_tree(["a", "b"], seed=0)
-    time = time_tree(tree.topology)
-    density = lambda x: math.exp(float(BirthDeath(time, birth, death, rho).log_prob(jnp.array([x]))))
-    total, _ = scipy.integrate.quad(density, 0, np.inf)
-    assert total == pytest.approx(1.0, abs=1e-8)
+def test_birth_death_density_is_normalised_over_labelled_histories(birth, death, rho):
+    """Three tips: a labelled history's density integrated over its two node ages, times the three labelled
+    histories (one per rooted topology), is one; the coalescent's (the same measure) too. The combinatorial
+    factor 2^(n-1) / n! is what makes it one (with (n-1)! instead the sum is 3)."""
+    time = time_tree(jp.parse_newick("((a:1,b:1):1,c:2);").topology)
+
+    def total(prior):
+        log_prob = jax.jit(lambda low, root: prior.log_prob(jnp.stack([low, root])))
+        density = lambda low, root: math.exp(float(log_prob(low, root)))  # noqa: E731
+        return 3 * scipy.integrate.dblquad(density, 0, np.inf, 0, lambda root: root, epsabs=1e-10)[0]
+
+    assert total(BirthDeath(time, birth, death, rho)) == pytest.approx(1.0, abs=1e-7)
+    assert total(ConstantCoalescent(time, 0.7)) == pytest.approx(1.0, abs=1e-7)
 
 
 def test_yule_is_exponential_node_ages():
+    """i.i.d. Exponential(lambda) node ages, each of the n! (n-1)! / 2^(n-1) labelled histories equally likely."""
     time, _ = dated_tree()
     contemporaneous = time_tree(time.topology)
     heights = ratios_to_heights(contemporaneous, jnp.asarray(2.0), jnp.full(contemporaneous.num_internal - 1, 0.6))
-    expected = math.lgamma(contemporaneous.num_internal + 1) + np.sum(scipy.stats.expon.logpdf(heights, scale=1 / 1.3))
+    n = contemporaneous.num_tips
+    histories = math.lgamma(n + 1) + math.lgamma(n) - (n - 1) * math.log(2)
+    expected = np.sum(scipy.stats.expon.logpdf(heights, scale=1 / 1.3)) + math.lgamma(n) - histories
     assert float(Yule(contemporaneous, 1.3).log_prob(heights)) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(jp.ModelError, match="contemporaneous"):
         Yule(time, 1.0)

@@ -6,7 +6,9 @@ parameters in unconstrained coordinates: the clock rate (`log`), the
 relaxed clock's spread (`log`) and per-branch normal deviates `z` (the branch
 above node `v` has rate `mu exp(s z_v - s^2 / 2)`), the coalescent's
 population size (`log`) or skygrid (first log size, log precision, steps),
-and the substitution model's free parameters (`ModelCoordinates`).
+Yule's birth rate (`log`) or birth–death's net diversification `lambda - mu`
+(`log`) and turnover `mu / lambda` (`logit`), and the substitution model's
+free parameters (`ModelCoordinates`).
 
 One generation either proposes a tree move for every chain (drawn per chain
 with the weights of `DatedSettings.moves`: narrow and wide exchange, subtree
@@ -26,6 +28,9 @@ below `i` (Ji et al. 2021), with log-Jacobian
 Priors (those of `jaxphylo sample` for dated trees): the coalescent on the
 node heights (constant size with the 1/N prior, or a skygrid with a
 Gaussian random walk on the log sizes and a Gamma(0.001, 0.001) precision),
+or for contemporaneous tips Yule (1/x on the birth rate) or birth–death (1/x
+on `lambda - mu`, Uniform(0, 1) on `mu / lambda`), each the density of the
+labelled history as the coalescent's is (`birth_death_times_log_density`),
 the clock rate Gamma(0.5, 1 / sum of branch durations) (a CTMC-reference-like
 prior), the relaxed clock's spread Exponential(3), and the model parameters'
 priors of `sample` (`_model_priors`). Every density of a parameter is in its
@@ -52,7 +57,7 @@ from ._mc3 import check_moves
 from ._hmc_move import HMC_START_STEP, HMC_TARGET_ACCEPTANCE, leapfrog_trajectory
 from ._model_priors import sample_model
 from ._time_tree_moves import ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, ancestors_of, propose_time_tree
-from ._tree_priors import coalescent_times_log_density
+from ._tree_priors import birth_death_times_log_density, coalescent_times_log_density
 
 DATED_MOVES = TIME_TREE_MOVES + ("hmc",)
 # BEAST 1.10's default operator weights for a time tree (uniform 30 halved: HMC moves the heights too)
@@ -60,6 +65,7 @@ DEFAULT_DATED_MOVES = {"narrow_exchange": 15.0, "wide_exchange": 3.0, "subtree_s
                        "node_height": 15.0, "root_height": 3.0, "hmc": 3.0}
 TARGET_ACCEPTANCE = 0.3
 RATE_SPREAD_PRIOR = 3.0  # Exponential(3) on the relaxed clock's log-normal sd, as `sample`'s
+SPECIATION_PRIORS = ("yule", "birth-death")  # contemporaneous tips only (no serially sampled birth–death)
 
 
 @dataclass(frozen=True)
@@ -126,8 +132,10 @@ def ratio_coordinates(parents: Int[Array, "M"], anchors: Float[Array, "M"], heig
 def ratio_log_jacobian(parents, anchors, heights, z, num_tips: int) -> Float[Array, ""]:
     node = jnp.arange(parents.shape[0])
     inner = (node >= num_tips) & (parents >= 0)
-    above = heights[jnp.maximum(parents, 0)]
-    terms = jnp.log(above - anchors) + jax.nn.log_sigmoid(z) + jax.nn.log_sigmoid(-z)
+    # the root and tips are masked before the log: `log(0)` there (tip 0 the oldest, as with contemporaneous
+    # tips) would make the gradient NaN even where the value is dropped
+    span = jnp.where(inner, heights[jnp.maximum(parents, 0)] - anchors, 1.0)
+    terms = jnp.log(span) + jax.nn.log_sigmoid(z) + jax.nn.log_sigmoid(-z)
     return jnp.sum(jnp.where(inner, terms, 0.0)) + z[jnp.argmin(parents)]
 
 
@@ -159,11 +167,12 @@ class DatedPosterior(eqx.Module):
     dtype: object = eqx.field(static=True)
     num_tips: int = eqx.field(static=True)
     clock: str = eqx.field(static=True)  # "strict", "relaxed", or "none" (undated: rate 1)
-    tree_prior: str = eqx.field(static=True)  # "coalescent" or "skygrid"
+    tree_prior: str = eqx.field(static=True)  # "coalescent", "skygrid", "yule" or "birth-death"
     grid: tuple = eqx.field(static=True, default=())  # skygrid grid points
     population_size: float | None = eqx.field(static=True, default=None)  # fixed (else a parameter)
     priors: object = None
     prior_only: bool = eqx.field(static=True, default=False)
+    fixed: tuple = eqx.field(static=True, default=())  # (name, unconstrained value): tree-prior rates held fixed
 
     def branch_rates(self, params) -> Float[Array, "B M"] | Float[Array, "B 1"]:
         if self.clock == "none":
@@ -203,7 +212,9 @@ class DatedPosterior(eqx.Module):
         return total
 
     def _tree_prior(self, heights, params):
-        """The coalescent's density of one chain's heights, plus its hyperparameters' priors (unconstrained)."""
+        """The tree prior's density of one chain's heights, plus its hyperparameters' priors (unconstrained)."""
+        if self.tree_prior in SPECIATION_PRIORS:
+            return self._speciation_prior(heights, params)
         if self.tree_prior == "coalescent":
             log_size = jnp.log(self.population_size) if self.population_size else params["log_population_size"]
             return coalescent_times_log_density(heights, self.num_tips, log_size[None])  # 1/N: flat in log N
@@ -214,6 +225,25 @@ class DatedPosterior(eqx.Module):
         log_gamma = 0.001 * jnp.log(0.001) - gammaln(0.001) + 0.001 * log_precision - 0.001 * precision
         return (coalescent_times_log_density(heights, self.num_tips, sizes, self.grid) + log_gamma
                 - 0.5 * jnp.sum(steps**2) - 0.5 * np.log(2 * np.pi) * steps.shape[0])
+
+    def _speciation_prior(self, heights, params):
+        """Yule or birth–death on one chain's labelled history (tips all at `heights[0]`), and the rates' priors
+        in their coordinates: 1/x on the birth rate or `r = lambda - mu` is flat in its log; Uniform(0, 1) on
+        the turnover `a = mu / lambda` has density `a (1 - a)` in `logit a`. `lambda = r / (1 - a)`."""
+        ages = heights - heights[0]
+        if self.tree_prior == "yule":
+            birth = jnp.exp(self._rate(params, "log_birth_rate"))
+            return birth_death_times_log_density(ages, self.num_tips, birth)
+        logit_turnover = self._rate(params, "logit_turnover")
+        net, turnover = jnp.exp(self._rate(params, "log_net_diversification")), jax.nn.sigmoid(logit_turnover)
+        density = birth_death_times_log_density(ages, self.num_tips, net / (1 - turnover),
+                                                net * turnover / (1 - turnover))
+        return density + jax.nn.log_sigmoid(logit_turnover) + jax.nn.log_sigmoid(-logit_turnover)
+
+    def _rate(self, params, name):
+        """A tree-prior rate in its unconstrained coordinate: held at its `fixed` value, else sampled."""
+        fixed = dict(self.fixed)
+        return jnp.asarray(fixed[name], self.dtype) if name in fixed else params[name]
 
     def log_posteriors(self, parents, heights, params):
         return self.log_likelihoods(parents, heights, params), self.log_priors(parents, heights, params)

@@ -34,7 +34,7 @@ from ..ml._fit import resolve_model
 from ..ml._parameters import ModelCoordinates
 from ..ml._search import model_record
 from ._analysis import _rate_guess
-from ._dated_mcmc import DATED_MOVES, DatedPosterior, DatedSettings, initial_state, run_block
+from ._dated_mcmc import DATED_MOVES, SPECIATION_PRIORS, DatedPosterior, DatedSettings, initial_state, run_block
 from ._dated_start import start_time_tree
 from ._mc3 import state_from_numpy, state_to_numpy
 from ._mc3_run import _check_run_folder, _OutputFiles as _RunFiles, _parameter_names, describe_priors
@@ -42,7 +42,7 @@ from ._time_tree import start_heights, time_tree
 from ._mc3_summary import nexus_header
 from ._time_tree_summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
 
-TREE_PRIORS = ("coalescent", "skygrid")
+TREE_PRIORS = ("coalescent", "skygrid") + SPECIATION_PRIORS
 CLOCKS = ("strict", "relaxed")
 
 
@@ -92,7 +92,8 @@ def dated_mcmc(
     `tip_dates`: a `jaxphylo.io.TipDates` (exact dates; intervals are refused:
     sample them on a fixed topology with `jaxphylo sample`), or tip heights
     (`[N]`, in the alignment's taxon order), or None for contemporaneous tips
-    (the clock rate is then 1 and heights are in substitutions). `tree`: a
+    (the clock rate is then 1 and heights are in substitutions; the only
+    case `tree_prior="yule"` or `"birth-death"` takes). `tree`: a
     rooted start tree (default: `start_time_tree`'s least-squares time tree).
     `out` receives `chain{c}.log`, `chain{c}.trees`, `mcc.tree`, `summary.json`
     and, after every block, `checkpoint.pkl` (`resume=True` continues it).
@@ -104,6 +105,7 @@ def dated_mcmc(
         raise ModelError(f"clock must be one of {CLOCKS} and the tree prior one of {TREE_PRIORS}; "
                          f"got {clock!r}, {tree_prior!r}")
     tips, bounds, reference = _tip_heights(alignment, tip_dates)
+    _check_speciation_tips(tree_prior, bounds)
     clock_kind = clock if reference is not None else "none"  # contemporaneous tips: heights in substitutions
     posterior, state, names = _starting_state(alignment, model, tips, bounds, reference, clock_kind, tree_prior, tree,
                                               settings, skygrid_intervals, skygrid_cutoff, seed, priors, precision,
@@ -170,6 +172,14 @@ def _tip_heights(alignment: Alignment, tip_dates):
     return heights, np.stack([heights, heights]), 0.0
 
 
+def _check_speciation_tips(tree_prior: str, bounds) -> None:
+    """Yule and birth–death here are Gernhard's, for tips sampled together; serially sampled birth–death
+    (Stadler 2010) needs a sampling rate and an origin this sampler does not have."""
+    if tree_prior in SPECIATION_PRIORS and np.ptp(bounds) > 0:
+        raise ModelError(f"the {tree_prior} tree prior needs contemporaneous tips (no serial sampling); the tip "
+                         f"heights span {np.ptp(bounds):.6g}: use --tree-prior coalescent or skygrid for dated tips")
+
+
 def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior, tree, settings, intervals, cutoff,
                     seed, priors, precision, prior_only):
     template, free = resolve_model(model, alignment)
@@ -226,6 +236,10 @@ def _hyper_start(clock, tree_prior, rate, root, intervals, m) -> dict:
         start.update(log_rate_spread=np.log(0.1), rate_z=np.zeros(m))
     if tree_prior == "coalescent":
         start["log_population_size"] = np.log(root / 2)
+    elif tree_prior == "yule":  # `sample`'s starts: log(n) / root, the rate whose expected root is near it
+        start["log_birth_rate"] = np.log(np.log((m + 1) / 2) / root)
+    elif tree_prior == "birth-death":
+        start.update(log_net_diversification=np.log(np.log((m + 1) / 2) / root), logit_turnover=0.0)
     else:
         start.update(skygrid_first=np.log(root / 2), log_skygrid_precision=0.0, skygrid_steps=np.zeros(intervals - 1))
     return start
@@ -236,6 +250,10 @@ def _column_names(clock, tree_prior, intervals, coordinates, dated: bool) -> lis
     names += {"strict": ["clock.rate"], "relaxed": ["ucld.mean", "ucld.stdev"], "none": []}[clock]
     if tree_prior == "coalescent":
         names.append("popSize")
+    elif tree_prior == "yule":
+        names.append("yule.birthRate")
+    elif tree_prior == "birth-death":
+        names += ["birthDeath.BminusDRate", "birthDeath.DoverB"]
     else:
         names += [f"skygrid.logPopSize{k + 1}" for k in range(intervals)] + ["skygrid.precision"]
     return names + _parameter_names(coordinates)
@@ -274,6 +292,10 @@ def _hyper_values(params, i, c, posterior: DatedPosterior) -> list[float]:
         values.append(float(np.exp(pick("log_rate_spread"))))
     if posterior.tree_prior == "coalescent":
         values.append(float(np.exp(pick("log_population_size"))))
+    elif posterior.tree_prior == "yule":
+        values.append(float(np.exp(pick("log_birth_rate"))))
+    elif posterior.tree_prior == "birth-death":
+        values += [float(np.exp(pick("log_net_diversification"))), float(1 / (1 + np.exp(-pick("logit_turnover"))))]
     else:
         precision = np.exp(pick("log_skygrid_precision"))
         steps = pick("skygrid_steps")

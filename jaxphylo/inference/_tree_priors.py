@@ -221,17 +221,38 @@ class Skygrid(NodeHeightPrior):
         return coalescent_log_density(self.tree, heights, self.log_population_sizes, self.grid, self.tip_heights)
 
 
-class BirthDeath(NodeHeightPrior):
-    """Constant-rate birth–death with sampling fraction `rho` at the present (Gernhard 2008; Stadler 2009).
+def birth_death_times_log_density(node_heights: Float[Array, " nodes"], num_tips: int, birth_rate, death_rate=0.0,
+                                  sampling_fraction=1.0) -> Float[Array, ""]:
+    """The birth–death log density of a labelled history with heights `node_heights` (tips first, all at 0).
 
-    Conditioned on `n` sampled tips and a uniform prior on the time of origin,
-    the `n - 1` node ages are independent draws from
+    Conditioned on `n` sampled tips with a uniform prior on the time of origin
+    (Gernhard 2008; Stadler 2009), the `n - 1` node ages are i.i.d. with density
 
         g(x) = lambda r^2 e^{-r x} rho / D(x)^2,   D(x) = rho lambda (1 - e^{-r x}) + r e^{-r x},
 
-    with `r = lambda - mu > 0`: a proper density, including the root's age. The
-    density here is of the node heights on the fixed topology, `(n-1)! prod g`.
-    Tips must be contemporaneous. `Yule` is the case `mu = 0`, `rho = 1`.
+    `r = lambda - mu > 0`, and the labelled history is uniform over its
+    `n! (n-1)! / 2^(n-1)` values, independent of the ages (Edwards 1970). So
+
+        log p = (n - 1) log 2 - log n! + sum_i log g(x_i),
+
+    the measure of `coalescent_times_log_density`: it integrates to one over
+    labelled histories and their times, so a sampled topology gets its weight.
+    """
+    lam, mu, rho = birth_rate, death_rate, sampling_fraction
+    r = lam - mu
+    ages = node_heights[num_tips:]
+    decay = jnp.exp(-r * ages)
+    log_d = jnp.log(rho * lam * (1 - decay) + r * decay)
+    log_g = jnp.log(lam) + jnp.log(rho) + 2 * jnp.log(r) - r * ages - 2 * log_d
+    return (num_tips - 1) * math.log(2.0) - math.lgamma(num_tips + 1) + jnp.sum(log_g)
+
+
+class BirthDeath(NodeHeightPrior):
+    """Constant-rate birth–death with sampling fraction `rho` at the present (Gernhard 2008; Stadler 2009),
+    conditioned on `n` tips with a uniform prior on the time of origin (not on the root): see
+    `birth_death_times_log_density`, the density of a labelled history, as the coalescent's is. On a fixed
+    topology that is the density of the node heights up to a constant. Tips must be contemporaneous.
+    `Yule` is the case `mu = 0`, `rho = 1`.
     """
 
     def __init__(self, tree: TimeTree, birth_rate, death_rate=0.0, sampling_fraction=1.0, validate_args=None):
@@ -243,12 +264,8 @@ class BirthDeath(NodeHeightPrior):
         super().__init__(tree, validate_args)
 
     def log_prob(self, heights: Float[Array, " internal"]):
-        lam, mu, rho = self.birth_rate, self.death_rate, self.sampling_fraction
-        r = lam - mu
-        decay = jnp.exp(-r * heights)
-        log_d = jnp.log(rho * lam * (1 - decay) + r * decay)
-        log_g = jnp.log(lam) + jnp.log(rho) + 2 * jnp.log(r) - r * heights - 2 * log_d
-        return math.lgamma(self.tree.num_internal + 1) + jnp.sum(log_g)
+        return birth_death_times_log_density(all_heights(self.tree, heights), self.tree.num_tips, self.birth_rate,
+                                             self.death_rate, self.sampling_fraction)
 
 
 class Yule(BirthDeath):
