@@ -20,7 +20,8 @@ from jaxtyping import Array, Float, Int
 
 from .._precision import product_precision
 from .._schedule import Schedule
-from ._peeling import log_likelihoods_from, post_order_partials, root_likelihoods
+from . import _pallas
+from ._peeling import log_likelihoods_from, post_order_partials
 from ._preorder import pre_order_partials, transition_cotangent_visitor
 
 
@@ -42,6 +43,13 @@ def pattern_log_likelihoods(
 
 
 def _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, static_steps=None):
+    if _pallas.wanted(tip_table.shape[1]):
+        # The Pallas passes keep their tiled layout between the two passes.
+        tiled = _pallas.post_order_tiled(transition, tip_codes, tip_table, schedule, static_steps)
+        patterns = tip_codes.shape[1]
+        root = _pallas.root_partials(tiled, schedule, patterns)
+        scaled = jnp.einsum("bc,bs,bcps->bp", category_weights, root_frequencies, root, precision=product_precision())
+        return jnp.log(scaled) + _pallas.total_log_scales(tiled, patterns), tiled
     partials, log_scales = post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
     return log_likelihoods_from(partials, log_scales, root_frequencies, category_weights, schedule), partials
 
@@ -67,6 +75,14 @@ def _backward(static_steps, saved, pattern_cotangent):
     table_wanted = table_wanted is not None
     num_tips, patterns = tip_codes.shape[0] - 1, tip_codes.shape[1]
     states = tip_table.shape[1]
+    if isinstance(partials, _pallas.TiledPartials):
+        if not table_wanted:
+            d_transition = _pallas.transition_cotangents(transition, root_frequencies, category_weights, partials,
+                                                         pattern_cotangent, schedule, static_steps)
+            root = _pallas.root_partials(partials, schedule, patterns)
+            d_root, d_weights = _root_cotangents(pattern_cotangent, root, root_frequencies, category_weights)
+            return d_transition, d_root, d_weights, None, None, None
+        partials = _pallas.untiled(partials.partials, patterns)  # the tip table's cotangent: the XLA pass
     visit = transition_cotangent_visitor(pattern_cotangent, num_tips, table_wanted)
     start = (jnp.zeros_like(transition),
              jnp.zeros((transition.shape[0], num_tips + 1, patterns, states), transition.dtype) if table_wanted
@@ -75,15 +91,22 @@ def _backward(static_steps, saved, pattern_cotangent):
         transition, root_frequencies, category_weights, partials, tip_codes, tip_table, schedule, visit, start,
         static_steps)
     root = jax.vmap(lambda buffer, r: buffer[r])(partials, schedule.root_row)
-    ratio = pattern_cotangent / root_likelihoods(partials, root_frequencies, category_weights, schedule)
-    d_root = jnp.einsum("bp,bc,bcps->bs", ratio, category_weights, root, precision=product_precision())
-    d_weights = jnp.einsum("bp,bs,bcps->bc", ratio, root_frequencies, root, precision=product_precision())
+    d_root, d_weights = _root_cotangents(pattern_cotangent, root, root_frequencies, category_weights)
     d_table = None
     if table_wanted:
         d_table = jax.ops.segment_sum(
             jnp.sum(d_tips[:, :num_tips], axis=0).reshape(-1, states), tip_codes[:num_tips].reshape(-1),
             num_segments=tip_table.shape[0])
     return d_transition, d_root, d_weights, None, d_table, None
+
+
+def _root_cotangents(pattern_cotangent, root: Float[Array, "B C patterns S"], root_frequencies, category_weights):
+    """Cotangents of `pi` and `w` from the rescaled root partials (the common factor cancels in the ratio)."""
+    scaled = jnp.einsum("bc,bs,bcps->bp", category_weights, root_frequencies, root, precision=product_precision())
+    ratio = pattern_cotangent / scaled
+    d_root = jnp.einsum("bp,bc,bcps->bs", ratio, category_weights, root, precision=product_precision())
+    d_weights = jnp.einsum("bp,bs,bcps->bc", ratio, root_frequencies, root, precision=product_precision())
+    return d_root, d_weights
 
 
 pattern_log_likelihoods.defvjp(_forward_rule, _backward, symbolic_zeros=True)

@@ -22,6 +22,7 @@ from jaxtyping import Array, Float, Int
 
 from .._precision import product_precision
 from .._schedule import Schedule
+from . import _pallas
 
 SMALL_STATE_SPACE = 8  # up to this, on a GPU, P x as multiply-adds written out beats a batched matmul
 
@@ -126,6 +127,8 @@ def post_order_partials(
     static_steps=None,
 ) -> tuple[Float[Array, "B rows C patterns S"], Float[Array, "B rows patterns"]]:
     """Rescaled partials of every slot (and the sentinel row) and their per-pattern log scale factors."""
+    if _pallas.wanted(tip_table.shape[1]):
+        return _pallas.post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
     b, _, c, s, _ = transition.shape
     rows, patterns = schedule.num_slots + 1, tip_codes.shape[1]
     partials = jnp.ones((b, rows, c, patterns, s), transition.dtype)

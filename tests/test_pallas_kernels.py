@@ -1,0 +1,69 @@
+"""The Pallas post-order and pre-order steps (Triton on a GPU) against the XLA steps, in interpret mode.
+
+On a CPU Pallas interprets the kernels with the same indexing and arithmetic,
+so these tests cover the kernels' logic where CI runs; the device benchmark
+(`benchmarks/pallas_probe.py`) checks them compiled on the H100. Both paths do
+the same float64 operations in nearly the same order, so values agree to
+rounding (1e-12 relative) and gradients to 1e-10 relative.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxphylo as jp
+from jaxphylo._schedule import device_schedule, phase_widths
+from jaxphylo.likelihood import _kernel, _pallas, _peeling
+from jaxphylo.likelihood._api import PatternData, batch_layout_lengths, model_arrays
+
+
+def _problem(taxa=7, patterns=200, trees=2, model="HKY{2.5}+F{0.3,0.2,0.2,0.3}+G2{0.7}", seed=0):
+    """A batch of random topologies over the same taxa, random data with ambiguity codes and gaps."""
+    rng = np.random.default_rng(seed)
+    names = [f"t{i}" for i in range(taxa)]
+    batch = jp.TreeBatch.from_trees([jp.random_topology_tree(names, seed=seed + b, mean_branch_length=0.2)
+                                     for b in range(trees)])
+    model = jp.parse_model(model)
+    table = np.vstack([np.eye(4), [[1, 0, 1, 0], [0, 1, 0, 1]], np.ones((1, 4))])  # A C G T, R, Y, gap/all-ones
+    codes = np.vstack([rng.integers(0, 7, (taxa, patterns)), np.full((1, patterns), 6)]).astype(np.int32)
+    data = PatternData(jnp.asarray(codes), jnp.asarray(table), jnp.asarray(rng.integers(1, 5, patterns) * 1.0))
+    schedule = device_schedule(batch.parents, phase_widths(taxa, 2))  # narrow steps: several per level
+    arrays = model_arrays(model, batch_layout_lengths(batch.branch_lengths, schedule), jnp.float64)
+    return arrays + (data.tip_codes, data.tip_table), data.weights, schedule
+
+
+def _total(kernel: str, monkeypatch):
+    monkeypatch.setenv(_pallas.KERNEL_ENV, kernel)
+
+    def total(transition, pi, w, codes, table, weights, schedule):
+        per = _kernel.pattern_log_likelihoods(transition, pi, w, codes, table, schedule)
+        return jnp.sum(per * weights)
+
+    return jax.jit(jax.value_and_grad(total, argnums=(0, 1, 2)))  # a new function: traced afresh per kernel
+
+
+def test_pallas_passes_equal_xla_passes(monkeypatch):
+    """Value and gradient; 200 patterns make a whole tile and a padded one (interpret mode is slow: small)."""
+    arrays, weights, schedule = _problem()
+    value, grads = _total("xla", monkeypatch)(*arrays, weights, schedule)
+    pallas_value, pallas_grads = _total("pallas", monkeypatch)(*arrays, weights, schedule)
+    np.testing.assert_allclose(pallas_value, value, rtol=1e-12)
+    for got, want in zip(pallas_grads, grads):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(want))))
+
+
+def test_pallas_post_order_equals_xla_rows(monkeypatch):
+    """Every partials row and log scale factor, not just their sum (the other callers read rows)."""
+    arrays, _, schedule = _problem(taxa=6, patterns=130, trees=1, model="GTR{1,2,1,1,3}+FQ+I{0.2}+G2{0.4}")
+    transition, _, _, codes, table = arrays
+    want = _peeling.post_order_partials(transition, codes, table, schedule)
+    got = _pallas.post_order_partials(transition, codes, table, schedule)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-13, atol=1e-15)
+
+
+def test_pallas_is_only_asked_for_nucleotides(monkeypatch):
+    monkeypatch.setenv(_pallas.KERNEL_ENV, "pallas")
+    assert _pallas.wanted(4) and not _pallas.wanted(20)
+    monkeypatch.setenv(_pallas.KERNEL_ENV, "xla")
+    assert not _pallas.wanted(4)
