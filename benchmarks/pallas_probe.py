@@ -1,6 +1,6 @@
 """The Pallas passes against the XLA passes on one device: log-likelihood and its gradient, f64.
 
-    python benchmarks/pallas_probe.py [--quick] [--cases 0,4] [--configs 128x4,256x4]
+    python benchmarks/pallas_probe.py [--quick] [--cases 0,4] [--configs 128x4,128x4w]
 
 Each row: one case, one (pattern tile, warps) setting of the Pallas kernels; times are medians of 30
 calls to `block_until_ready` of the jitted function of the branch lengths (transition matrices, the
@@ -20,7 +20,8 @@ from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, schedule_for
 ap = argparse.ArgumentParser()
 ap.add_argument("--quick", action="store_true")
 ap.add_argument("--cases", help="indices into the case list, e.g. 4 or 0,3")
-ap.add_argument("--configs", default="128x4,256x4")
+ap.add_argument("--configs", default="128x4,256x4", help="TILExWARPS[w] settings; a trailing w walks every node "
+                "in one launch per pass (the small-tree kernels), else one launch per step")
 args = ap.parse_args()
 
 
@@ -60,20 +61,22 @@ for case in cases:
     v_ref, g_ref = grad(*a)
     os.environ[_pallas.KERNEL_ENV] = "pallas"
     for config in args.configs.split(","):
-        tile, warps = map(int, config.split("x"))
+        walk = config.endswith("w")
+        tile, warps = map(int, config.rstrip("w").split("x"))
         _pallas.PATTERN_TILE, _pallas.NUM_WARPS = tile, warps
+        _pallas.WALK_MAX_TIPS = 10**9 if walk else 0
         try:
             lik, grad = functions(model, index)
             got = dict(lik_ms=med(lik, *a), grad_ms=med(grad, *a))
             v, g = grad(*a)
-            row = dict(case=case, tile=tile, warps=warps,
+            row = dict(case=case, tile=tile, warps=warps, walk=walk,
                        pallas_lik_ms=got["lik_ms"][0], xla_lik_ms=xla["lik_ms"][0],
                        pallas_grad_ms=got["grad_ms"][0], xla_grad_ms=xla["grad_ms"][0],
                        pallas_compile_s=got["grad_ms"][1], xla_compile_s=xla["grad_ms"][1],
                        value_rel_diff=float(abs(v - v_ref) / abs(v_ref)),
                        grad_rel_diff=float(jnp.max(jnp.abs(g - g_ref)) / jnp.max(jnp.abs(g_ref))))
         except Exception as e:  # a probe: record what failed and go on
-            row = dict(case=case, tile=tile, warps=warps, error=str(e)[:400])
+            row = dict(case=case, tile=tile, warps=warps, walk=walk, error=str(e)[:400])
         print(row, flush=True)
         rows.append(row)
         json.dump(dict(device=str(jax.devices()[0]), jax=jax.__version__, rows=rows), open(out, "w"), indent=1)

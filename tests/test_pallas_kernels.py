@@ -67,3 +67,15 @@ def test_pallas_is_only_asked_for_nucleotides(monkeypatch):
     assert _pallas.wanted(4) and not _pallas.wanted(20)
     monkeypatch.setenv(_pallas.KERNEL_ENV, "xla")
     assert not _pallas.wanted(4)
+
+
+def test_pallas_walk_equals_steps(monkeypatch):
+    """Small trees walk every node in one launch per pass; it must give the steps' value and gradient."""
+    arrays, weights, schedule = _problem(taxa=5, patterns=130, trees=1)
+    monkeypatch.setattr(_pallas, "WALK_MAX_TIPS", 0)
+    steps = _total("pallas", monkeypatch)(*arrays, weights, schedule)
+    monkeypatch.setattr(_pallas, "WALK_MAX_TIPS", 64)
+    walked = _total("pallas", monkeypatch)(*arrays, weights, schedule)
+    np.testing.assert_allclose(walked[0], steps[0], rtol=1e-12)
+    for got, want in zip(walked[1], steps[1]):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(want))))

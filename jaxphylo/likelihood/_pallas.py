@@ -1,27 +1,35 @@
-"""The post-order step as one Pallas kernel: gather, `P x`, product, rescale and row write fused.
+"""The post-order and pre-order passes as Pallas kernels: gather, `P x`, product, rescale and row write fused.
 
-One launch per schedule step (BEAGLE's level schedule), grid `(trees, nodes of
-the step, pattern tiles)`. Program `(b, w, t)` reads node `w`'s two children
-for its tile of patterns (a tip's 0/1 vectors from its codes, an internal
-child's row of the partials buffer), forms, in every rate category `r`,
+Two schedules, as DESIGN.md's probe measured them on an H100:
+- *steps*: one launch per schedule step (BEAGLE's level schedule), grid
+  `(trees, nodes of the step, pattern tiles)`, inside the level loops, whose
+  step counts remain data (a new topology of N taxa reuses the program);
+- *walk*, for small trees (`walks`): one launch per pass, grid `(trees,
+  pattern tiles)`, each program visiting every row of its tree in order
+  (rows are in post-order), so levels need no launch boundary; a tree's whole
+  pass then costs one launch instead of one (and a loop iteration) per step.
+
+Program `(b, ..., t)` reads a node's two children for its tile of patterns (a
+tip's vectors from the tips' table, an internal child's row of the partials
+buffer) and forms, in every rate category `r`,
 
     p_k,r = (P_i,r x_i,r) o (P_j,r x_j,r),
 
-divides by the tile's per-pattern maximum over categories and states, and
-writes the row and the log factor in place. Everything between the loads of
-the children and the store of the parent stays in registers: the XLA form of
-the same step moves the children's `[W, 2, C, T, S]` block through memory
-twice. Step counts remain data (`level_loop`), so a new topology of N taxa
-reuses the compiled program.
+divided by the tile's per-pattern maximum over categories and states, whose
+log is kept. The pre-order node forms `s_i = q_k o (P_j p_j)`, writes
+`q_i = P_i^T s_i` (rescaled) to internal children, and adds the tile's
+`sum_c g_c s_i,c p_i,c^T / n_c` to the node's slot of a per-tile buffer, which is
+summed over tiles and scattered to the branches once, at the end.
+Everything between the loads of the children and the stores stays in registers.
 
-The kernel runs through Triton on a GPU, and in Pallas's interpret mode on a
-CPU, where the tests check it against the XLA step. Triton wants every array
-of a kernel to have a power-of-two size, so the kernel handles one state of
-one pattern tile (`T` patterns, a power of two) at a time: buffers are laid
-out `[B, rows, tiles, C, S, T]` inside the pass, patterns padded to whole
+The kernels run through Triton on a GPU, and in Pallas's interpret mode on a
+CPU, where the tests check them against the XLA passes. Triton wants every
+array of a kernel to have a power-of-two size, so the kernels handle one state
+of one pattern tile (`T` patterns, a power of two) at a time: buffers are laid
+out `[B, rows, tiles, C, S, T]` between the passes, patterns padded to whole
 tiles with all-ones tips, and `P x` is written out as `S^2` multiply-adds of
 tile vectors by scalars. That suits nucleotides (`S = 4`); larger state
-spaces keep the XLA step.
+spaces keep the XLA passes.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
@@ -39,6 +48,7 @@ from .._schedule import Schedule
 
 PATTERN_TILE = 128  # patterns per program
 NUM_WARPS = 4
+WALK_MAX_TIPS = 64  # up to this many taxa a pass is one launch that walks the nodes (see `walks`)
 MAX_STATES = 8  # the kernels write `P x` out as `S^2` multiply-adds per category: nucleotides
 KERNEL_ENV = "JAXPHYLO_KERNEL"
 
@@ -90,17 +100,13 @@ def _tile_max(vectors):
     return jnp.where(scale > 0, scale, 1.0)
 
 
-def _post_order_kernel(num_tips: int, sentinel_row: int, num_categories: int, num_states: int,
-                       start_ref, children_ref, transition_ref, tips_ref, partials_in, scales_in,
-                       partials_ref, scales_ref):
-    del scales_in  # aliased to scales_ref; only written
-    b, w, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    row = start_ref[b] + w
-    shape = (num_tips, sentinel_row, num_categories, num_states, tips_ref, partials_in)
+def _post_order_node(b, row, t, consts, children_ref, transition_ref, tips_ref, partials_ref, scales_ref):
+    """Row `row` of tree b, pattern tile t: `p_k = (P_i x_i) o (P_j x_j)`, rescaled, and its log factor."""
+    num_tips, sentinel_row, num_categories, num_states = consts
     products = None
     for k in range(2):
         child = children_ref[b, row, k]
-        x = _child_vectors(b, t, child, *shape)
+        x = _child_vectors(b, t, child, *consts, tips_ref, partials_ref)
         messages = [_times(transition_ref, b, child, r, x[r]) for r in range(num_categories)]
         products = messages if k == 0 else [[p * m for p, m in zip(ps, ms)] for ps, ms in zip(products, messages)]
     scale = _tile_max(products)
@@ -110,23 +116,19 @@ def _post_order_kernel(num_tips: int, sentinel_row: int, num_categories: int, nu
     scales_ref[b, row, t, :] = jnp.log(scale)
 
 
-def _pre_order_kernel(num_tips: int, sentinel_row: int, num_categories: int, num_states: int,
-                      start_ref, real_ref, children_ref, transition_ref, tips_ref, partials_ref, cotangent_ref,
-                      q_in, d_in, q_ref, d_ref):
-    """One pre-order step for the gradient: `s_i = q_k o P_j p_j`, `q_i = rescale(P_i^T s_i)`, and
-    `sum_c g_c s_i,c p_i,c^T / n_c` over the tile added to row k's `[2, C, S, S]` slot of `d_ref`."""
-    del q_in, d_in  # aliased to q_ref and d_ref
-    b, w, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    row = start_ref[b] + w
-    shape = (num_tips, sentinel_row, num_categories, num_states, tips_ref, partials_ref)
+def _pre_order_node(b, row, t, real, consts, children_ref, transition_ref, tips_ref, partials_ref, cotangent_ref,
+                    q_ref, d_ref):
+    """Row `row` as a parent: `s_i = q_k o P_j p_j`, `q_i = rescale(P_i^T s_i)` for both children, and
+    `sum_c g_c s_i,c p_i,c^T / n_c` over the tile added to the row's `[2, C, S, S]` slot of `d_ref`."""
+    num_tips, sentinel_row, num_categories, num_states = consts
     parent = [[q_ref[b, row, t, r, i, :] for i in range(num_states)] for r in range(num_categories)]
     children = [children_ref[b, row, k] for k in range(2)]
-    p = [_child_vectors(b, t, child, *shape) for child in children]
+    p = [_child_vectors(b, t, child, *consts, tips_ref, partials_ref) for child in children]
     messages = [[_times(transition_ref, b, child, r, p[k][r]) for r in range(num_categories)]
                 for k, child in enumerate(children)]
     s = [[[q * m for q, m in zip(parent[r], messages[1 - k][r])] for r in range(num_categories)] for k in range(2)]
     norm = sum(a * m for r in range(num_categories) for a, m in zip(s[0][r], messages[0][r]))
-    counted = (children[0] != num_tips + sentinel_row) & (real_ref[b] != 0)
+    counted = (children[0] != num_tips + sentinel_row) & real
     alpha = jnp.where(counted, cotangent_ref[b, t, :] / jnp.where(counted, norm, 1.0), 0.0)
     for k, child in enumerate(children):
         for r in range(num_categories):
@@ -144,17 +146,65 @@ def _pre_order_kernel(num_tips: int, sentinel_row: int, num_categories: int, num
                 q_ref[b, target, t, r, j, :] = up[r][j] / scale
 
 
-def _grid_call(kernel, out_shapes, aliases, shape_args, width: int, interpret: bool, name: str):
+# Kernels. Aliased inputs (`*_in`) are never read: the outputs hold their values and are read instead,
+# which is the same memory on a GPU and the right values in interpret mode too.
+
+def _post_order_step_kernel(consts, start_ref, children_ref, transition_ref, tips_ref, partials_in, scales_in,
+                            partials_ref, scales_ref):
+    b, w, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    _post_order_node(b, start_ref[b] + w, t, consts, children_ref, transition_ref, tips_ref, partials_ref, scales_ref)
+
+
+def _post_order_walk_kernel(consts, root_ref, children_ref, transition_ref, tips_ref, partials_in, scales_in,
+                            partials_ref, scales_ref):
+    """Every row up to the root's, in order, for one tile: rows are in post-order, and a program reads back
+    only what it wrote itself, so no launch boundary is needed between levels."""
+    b, t = pl.program_id(0), pl.program_id(1)
+
+    def node(row, carry):
+        _post_order_node(b, row, t, consts, children_ref, transition_ref, tips_ref, partials_ref, scales_ref)
+        return carry
+
+    lax.fori_loop(0, root_ref[b] + 1, node, 0)
+
+
+def _pre_order_step_kernel(consts, start_ref, real_ref, children_ref, transition_ref, tips_ref, partials_ref,
+                           cotangent_ref, q_in, d_in, q_ref, d_ref):
+    b, w, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    _pre_order_node(b, start_ref[b] + w, t, real_ref[b] != 0, consts, children_ref, transition_ref, tips_ref,
+                    partials_ref, cotangent_ref, q_ref, d_ref)
+
+
+def _pre_order_walk_kernel(consts, root_ref, children_ref, transition_ref, tips_ref, partials_ref, cotangent_ref,
+                           q_in, d_in, q_ref, d_ref):
+    b, t = pl.program_id(0), pl.program_id(1)
+    root = root_ref[b]
+
+    def node(i, carry):
+        _pre_order_node(b, root - i, t, True, consts, children_ref, transition_ref, tips_ref, partials_ref,
+                        cotangent_ref, q_ref, d_ref)
+        return carry
+
+    lax.fori_loop(0, root + 1, node, 0)
+
+
+def _grid_call(kernel, out_shapes, aliases, shape_args, width: int | None, interpret: bool, name: str):
+    """Programs `(tree, node of the step, tile)`, or `(tree, tile)` for a walk (`width` None)."""
     batch, rows, tiles, categories, states, _ = shape_args
     return pl.pallas_call(
         kernel,
         out_shape=out_shapes,
-        grid=(batch, width, tiles),
+        grid=(batch, tiles) if width is None else (batch, width, tiles),
         input_output_aliases=aliases,
         interpret=interpret,
         compiler_params=_compiler_params(),
-        name=f"{name}_w{width}",
+        name=name if width is None else f"{name}_w{width}",
     )
+
+
+def walks(num_tips: int) -> bool:
+    """Whether a pass is one launch walking every node (small trees) rather than one launch per step."""
+    return num_tips <= WALK_MAX_TIPS
 
 
 def _tiled(x: Float[Array, "*lead patterns"], tiles: int, fill) -> Float[Array, "*lead tiles T"]:
@@ -195,12 +245,19 @@ def post_order_tiled(transition: Float[Array, "B ids C S S"], tip_codes: Int[Arr
     log_scales = jnp.zeros((b, rows, tiles, PATTERN_TILE), transition.dtype)
     out_shapes = (jax.ShapeDtypeStruct(partials.shape, partials.dtype),
                   jax.ShapeDtypeStruct(log_scales.shape, log_scales.dtype))
-    kernel = functools.partial(_post_order_kernel, schedule.num_tips, rows - 1, c, s)
+    consts = (schedule.num_tips, rows - 1, c, s)
     children = schedule.children.astype(jnp.int32)
+    call = functools.partial(_grid_call, out_shapes=out_shapes, aliases={4: 0, 5: 1}, shape_args=partials.shape,
+                             interpret=_interpret(interpret))
+    if walks(schedule.num_tips):
+        walk = call(functools.partial(_post_order_walk_kernel, consts), width=None, name="post_order_walk")
+        partials, log_scales = walk(schedule.root_row.astype(jnp.int32), children, transition, tips, partials,
+                                    log_scales)
+        return TiledPartials(partials, log_scales, tips)
 
     def body(carry, start, real, width):
-        call = _grid_call(kernel, out_shapes, {4: 0, 5: 1}, partials.shape, width, _interpret(interpret), "post_order")
-        return call(start.astype(jnp.int32), children, transition, tips, *carry)
+        step = call(functools.partial(_post_order_step_kernel, consts), width=width, name="post_order")
+        return step(start.astype(jnp.int32), children, transition, tips, *carry)
 
     partials, log_scales = level_loop(schedule, body, (partials, log_scales), static_steps=static_steps)
     return TiledPartials(partials, log_scales, tips)
@@ -262,15 +319,22 @@ def transition_cotangents(
     d = jnp.zeros((b, rows, tiles, 2, c, s, s), transition.dtype)
     cotangent = _tiled(pattern_cotangent.astype(transition.dtype), tiles, 0.0)
     out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype))
-    kernel = functools.partial(_pre_order_kernel, schedule.num_tips, rows - 1, c, s)
+    consts = (schedule.num_tips, rows - 1, c, s)
     children = schedule.children.astype(jnp.int32)
+    call = functools.partial(_grid_call, out_shapes=out_shapes, shape_args=tiled.partials.shape,
+                             interpret=_interpret(interpret))
+    if walks(schedule.num_tips):
+        walk = call(functools.partial(_pre_order_walk_kernel, consts), aliases={6: 0, 7: 1}, width=None,
+                    name="pre_order_walk")
+        _, d = walk(schedule.root_row.astype(jnp.int32), children, transition, tiled.tips, tiled.partials, cotangent,
+                    q, d)
+    else:
+        def body(carry, start, real, width):
+            step = call(functools.partial(_pre_order_step_kernel, consts), aliases={7: 0, 8: 1}, width=width,
+                        name="pre_order")
+            return step(start.astype(jnp.int32), real.astype(jnp.int32), children, transition, tiled.tips,
+                        tiled.partials, cotangent, *carry)
 
-    def body(carry, start, real, width):
-        call = _grid_call(kernel, out_shapes, {7: 0, 8: 1}, tiled.partials.shape, width, _interpret(interpret),
-                          "pre_order")
-        return call(start.astype(jnp.int32), real.astype(jnp.int32), children, transition, tiled.tips,
-                    tiled.partials, cotangent, *carry)
-
-    _, d = level_loop(schedule, body, (q, d), reverse=True, static_steps=static_steps)
+        _, d = level_loop(schedule, body, (q, d), reverse=True, static_steps=static_steps)
     per_row = jnp.sum(d[:, :-1], axis=2)  # [B, slots, 2, C, S, S]
     return jnp.zeros_like(transition).at[batch[:, None, None], children].add(per_row)
