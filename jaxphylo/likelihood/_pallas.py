@@ -48,7 +48,7 @@ from .._schedule import Schedule
 
 PATTERN_TILE = 128  # patterns per program
 NUM_WARPS = 4
-WALK_MAX_TIPS = 64  # up to this many taxa a pass is one launch that walks the nodes (see `walks`)
+WALK_MAX_TIPS = 32  # up to this many taxa a pass is one launch walking the nodes: H100, pallas_probe-walk-gpu.json
 MAX_STATES = 8  # the kernels write `P x` out as `S^2` multiply-adds per category: nucleotides
 KERNEL_ENV = "JAXPHYLO_KERNEL"
 
