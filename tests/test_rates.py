@@ -61,16 +61,23 @@ def test_float32_in_float32_out(k):
 @pytest.mark.parametrize("k", [2, 4, 8, 16])
 def test_derivative_matches_finite_differences_of_scipy(k):
     _, slopes = rates_and_slopes(k)
-    for a, slope in zip(SHAPES, slopes):
-        # Five-point central stencil with h = 1e-3 a min(a, 1). Its truncation error is ~(h d log r/da)^4 / 30;
-        # for small a the lowest categories go like exp(-c/a) (c < 3 for k <= 16), so d log r/da ~ c/a^2 and h
-        # must shrink like a^2 to keep h d log r/da ~ 3e-3, i.e. truncation ~1e-12. Round-off is ~eps |r| / h:
-        # negligible against 1e-7 |dr/da| except for the top category at small a, where dr/da = -(sum of the
-        # tiny ones) sits far below |r| / h; hence the absolute allowance.
+    assert_slopes_match_stencil(scipy_rates, SHAPES, slopes, k)
+
+
+def assert_slopes_match_stencil(reference, shapes, slopes, k):
+    """`slopes[i] = d reference(a, k) / da` at every shape, by a five-point central stencil.
+
+    The stencil uses h = 1e-3 a min(a, 1). Its truncation error is ~(h d log r/da)^4 / 30; for small a the
+    lowest categories go like exp(-c/a) (c < 3 for k <= 16; the lowest medians like (2k)^(-1/a)), so
+    d log r/da ~ c/a^2 and h must shrink like a^2 to keep h d log r/da ~ 3e-3, i.e. truncation ~1e-12.
+    Round-off is ~eps |r| / h: negligible against 1e-7 |dr/da| except for the top category at small a,
+    where dr/da = -(sum of the tiny ones) sits far below |r| / h; hence the absolute allowance.
+    """
+    for a, slope in zip(shapes, slopes):
         h = 1e-3 * a * min(a, 1.0)
-        stencil = (scipy_rates(a - 2 * h, k) - 8 * scipy_rates(a - h, k)
-                   + 8 * scipy_rates(a + h, k) - scipy_rates(a + 2 * h, k)) / (12 * h)
-        allowance = 1e-7 * np.abs(stencil) + 1e-12 * np.abs(scipy_rates(a, k)) / h
+        stencil = (reference(a - 2 * h, k) - 8 * reference(a - h, k)
+                   + 8 * reference(a + h, k) - reference(a + 2 * h, k)) / (12 * h)
+        allowance = 1e-7 * np.abs(stencil) + 1e-12 * np.abs(reference(a, k)) / h
         assert np.all(np.abs(slope - stencil) <= allowance), (a, slope, stencil)
 
 
@@ -127,14 +134,7 @@ def test_median_rates_match_scipy_in_float64(k):
 def test_median_derivative_matches_finite_differences_of_scipy(k):
     _, slopes = median_rates_and_slopes(k)
     np.testing.assert_allclose(slopes.sum(axis=1), 0.0, rtol=0, atol=1e-12)  # the mean stays one
-    for a, slope in zip(MEDIAN_SHAPES, slopes):
-        # The stencil and allowance of `test_derivative_matches_finite_differences_of_scipy`, for the same reasons:
-        # the lowest medians go like (2k)^(-1/a), so d log r/da ~ log(2k)/a^2.
-        h = 1e-3 * a * min(a, 1.0)
-        stencil = (scipy_median_rates(a - 2 * h, k) - 8 * scipy_median_rates(a - h, k)
-                   + 8 * scipy_median_rates(a + h, k) - scipy_median_rates(a + 2 * h, k)) / (12 * h)
-        allowance = 1e-7 * np.abs(stencil) + 1e-12 * np.abs(scipy_median_rates(a, k)) / h
-        assert np.all(np.abs(slope - stencil) <= allowance), (a, slope, stencil)
+    assert_slopes_match_stencil(scipy_median_rates, MEDIAN_SHAPES, slopes, k)
 
 
 def test_median_rates_in_float32_under_grad_and_in_the_model():

@@ -21,7 +21,7 @@ from jaxtyping import Array, Float, Int
 from .._precision import product_precision
 from .._schedule import Schedule
 from . import _pallas
-from ._peeling import log_likelihoods_from, post_order_partials
+from ._peeling import log_likelihoods_from, post_order_partials, root_sum
 from ._preorder import pre_order_partials, transition_cotangent_visitor
 
 
@@ -48,7 +48,7 @@ def _forward(transition, root_frequencies, category_weights, tip_codes, tip_tabl
         tiled = _pallas.post_order_tiled(transition, tip_codes, tip_table, schedule, static_steps)
         patterns = tip_codes.shape[1]
         root = _pallas.root_partials(tiled, schedule, patterns)
-        scaled = jnp.einsum("bc,bs,bcps->bp", category_weights, root_frequencies, root, precision=product_precision())
+        scaled = root_sum(root, root_frequencies, category_weights)
         return jnp.log(scaled) + _pallas.total_log_scales(tiled, patterns), tiled
     partials, log_scales = post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
     return log_likelihoods_from(partials, log_scales, root_frequencies, category_weights, schedule), partials
@@ -102,8 +102,7 @@ def _backward(static_steps, saved, pattern_cotangent):
 
 def _root_cotangents(pattern_cotangent, root: Float[Array, "B C patterns S"], root_frequencies, category_weights):
     """Cotangents of `pi` and `w` from the rescaled root partials (the common factor cancels in the ratio)."""
-    scaled = jnp.einsum("bc,bs,bcps->bp", category_weights, root_frequencies, root, precision=product_precision())
-    ratio = pattern_cotangent / scaled
+    ratio = pattern_cotangent / root_sum(root, root_frequencies, category_weights)
     d_root = jnp.einsum("bp,bc,bcps->bs", ratio, category_weights, root, precision=product_precision())
     d_weights = jnp.einsum("bp,bs,bcps->bc", ratio, root_frequencies, root, precision=product_precision())
     return d_root, d_weights

@@ -145,10 +145,15 @@ def post_order_partials(
     return level_loop(schedule, body, (partials, log_scales), static_steps=static_steps)
 
 
-def root_likelihoods(partials, root_frequencies, category_weights, schedule: Schedule) -> Float[Array, "B patterns"]:
-    """`sum_r w_r pi^T p_root,r` per pattern, on the rescaled root partials."""
-    root = jax.vmap(lambda buffer, r: buffer[r])(partials, schedule.root_row)
+def root_sum(root: Float[Array, "B C patterns S"], root_frequencies, category_weights) -> Float[Array, "B patterns"]:
+    """`sum_r w_r pi^T p_root,r` per pattern."""
     return jnp.einsum("bc,bs,bcps->bp", category_weights, root_frequencies, root, precision=product_precision())
+
+
+def root_likelihoods(partials, root_frequencies, category_weights, schedule: Schedule) -> Float[Array, "B patterns"]:
+    """`root_sum` on the rescaled root partials of the buffers."""
+    root = jax.vmap(lambda buffer, r: buffer[r])(partials, schedule.root_row)
+    return root_sum(root, root_frequencies, category_weights)
 
 
 def log_likelihoods_from(partials, log_scales, root_frequencies, category_weights, schedule) -> Float[Array, "B patterns"]:
