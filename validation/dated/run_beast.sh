@@ -54,7 +54,8 @@ import sys
 v=[float(l.split('\t')[1]) for l in list(open('$data_root/$dataset/dates.tsv'))[1:] if l.strip()]
 print(max(v))")
 cd "$outdir"   # relative paths (raw/NAME.log) in the JSON
-python3 "$here/summarise.py" "raw/$name.log" "raw/$name.trees" \
+# summarise.py needs arviz: PYTHON=/path/to/venv/bin/python when the system python3 lacks it
+"${PYTHON:-python3}" "$here/summarise.py" "raw/$name.log" "raw/$name.trees" \
     --seconds "$secs" --chain-length "$chain" --most-recent-tip "$most_recent" \
     --meta "dataset=$dataset" --meta "clock=$clock" --meta "tree_prior=$prior" \
     --meta "program=\"BEAST 1.10.4 (Debian beast-mcmc 1.10.4+dfsg-5)\"" \
