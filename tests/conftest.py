@@ -114,6 +114,19 @@ def _free_compiled_programs():
     jax.clear_caches()
 
 
+@pytest.fixture(autouse=True)
+def _restore_xla_flags():
+    """In-process CLI runs with several chains set XLA_FLAGS (`numpyro.set_host_device_count`): harmless to this
+    process, whose JAX has started, but inherited by the subprocesses of later tests in the same worker (their
+    device count, hence their default mesh, would change). Restore it after every test."""
+    before = os.environ.get("XLA_FLAGS")
+    yield
+    if before is None:
+        os.environ.pop("XLA_FLAGS", None)
+    else:
+        os.environ["XLA_FLAGS"] = before
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(12345)

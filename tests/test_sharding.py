@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -27,7 +28,7 @@ TOLERANCE = 1e-10
 
 
 def _environment(devices: int) -> dict:
-    flags = os.environ.get("XLA_FLAGS", "").replace("--xla_force_host_platform_device_count", "--ignored")
+    flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", ""))
     return dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices}".strip(),
                 JAX_PLATFORMS="cpu")
 
