@@ -71,7 +71,7 @@ def test_pallas_is_only_asked_for_nucleotides(monkeypatch):
 
 def test_pallas_walk_equals_steps(monkeypatch):
     """Small trees walk every node in one launch per pass; it must give the steps' value and gradient."""
-    arrays, weights, schedule = _problem(taxa=5, patterns=130, trees=1)
+    arrays, weights, schedule = _problem(taxa=5, patterns=130, trees=1, model="HKY{2.5}+F{0.3,0.2,0.2,0.3}")
     monkeypatch.setattr(_pallas, "WALK_MAX_TIPS", 0)
     steps = _total("pallas", monkeypatch)(*arrays, weights, schedule)
     monkeypatch.setattr(_pallas, "WALK_MAX_TIPS", 64)
