@@ -192,7 +192,7 @@ def _pre_order_walk_kernel(consts, root_ref, children_ref, transition_ref, tips_
 
 def _grid_call(kernel, out_shapes, aliases, shape_args, width: int | None, interpret: bool, name: str):
     """Programs `(tree, node of the step, tile)`, or `(tree, tile)` for a walk (`width` None)."""
-    batch, rows, tiles, categories, states, _ = shape_args
+    batch, _, tiles, *_ = shape_args
     return pl.pallas_call(
         kernel,
         out_shape=out_shapes,
