@@ -55,14 +55,16 @@ def measured_bandwidth() -> float:
 
 
 def make_case(states: str, taxa: int, patterns: int, seed: int = 0):
-    """(tree, model, pattern data): a real data set by folder name, or random data with 4 or 61 states."""
-    if states not in ("4", "61"):
+    """(tree, model, pattern data): a real data set by folder name, or random data with 4, 20 or 61 states."""
+    if states not in ("4", "20", "61"):
         return real_case(states, jp.parse_model(HKY_G4))
     rng = np.random.default_rng(seed)
     names = [f"t{i}" for i in range(taxa)]
     tree = jp.random_topology_tree(names, seed=seed, mean_branch_length=0.05)
     if states == "4":
         model = jp.parse_model(HKY_G4)
+    elif states == "20":
+        model = jp.parse_model("LG+G4{0.5}")
     else:
         model = jp.parse_model("GY{kappa=2,omega=0.3}+FQ+G4{0.5}", genetic_code=1)
     s = model.alphabet.num_states

@@ -1,8 +1,9 @@
 """The Pallas passes against the XLA passes on one device: log-likelihood and its gradient, f64.
 
-    python benchmarks/pallas_probe.py [--quick] [--cases 0,4] [--configs 128x4,128x4w]
+    python benchmarks/pallas_probe.py [--quick] [--cases 0,4] [--configs 128x4,128x4w,e2048x4]
 
-Each row: one case, one (pattern tile, warps) setting of the Pallas kernels; times are medians of 30
+Each row: one case, one (pattern tile, warps) setting of the Pallas kernels (`eNxW`: blocks of N
+elements, the amino-acid and codon kernels); times are medians of 30
 calls to `block_until_ready` of the jitted function of the branch lengths (transition matrices, the
 passes, the root sum; the gradient adds the pre-order pass), compile time apart. Both kernels run in
 the same process on the same inputs; `diff` is the relative difference of their values.
@@ -21,7 +22,8 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--quick", action="store_true")
 ap.add_argument("--cases", help="indices into the case list, e.g. 4 or 0,3")
 ap.add_argument("--configs", default="128x4,256x4", help="TILExWARPS[w] settings; a trailing w walks every node "
-                "in one launch per pass (the small-tree kernels), else one launch per step")
+                "in one launch per pass (the small-tree kernels), else one launch per step; eELEMENTSxWARPS sets "
+                "the blocks' size (20 and 61 states)")
 args = ap.parse_args()
 
 
@@ -44,7 +46,7 @@ def functions(model, index):
 
 out = os.path.join(os.environ.get("OUT", "benchmarks/results"), f"pallas_probe-{jax.default_backend()}.json")
 cases = [("primates_mtDNA", 12, 413), ("4", 50, 1000), ("dengue352_hmc_clock", 352, 2227), ("4", 1000, 1000),
-         ("4", 1000, 10000)]
+         ("4", 1000, 10000), ("61", 62, 3600), ("20", 100, 2000)]
 if args.quick:
     cases = cases[:1]
 if args.cases:
@@ -62,8 +64,14 @@ for case in cases:
     os.environ[_pallas.KERNEL_ENV] = "pallas"
     for config in args.configs.split(","):
         walk = config.endswith("w")
-        tile, warps = map(int, config.rstrip("w").split("x"))
-        _pallas.PATTERN_TILE, _pallas.NUM_WARPS = tile, warps
+        blocks = config.startswith("e")
+        tile, warps = map(int, config.strip("we").split("x"))
+        if blocks != (case[0] in ("20", "61")):
+            continue
+        if blocks:
+            _pallas.BLOCK_ELEMENTS, _pallas.NUM_WARPS = tile, warps
+        else:
+            _pallas.PATTERN_TILE, _pallas.NUM_WARPS = tile, warps
         _pallas.WALK_MAX_TIPS = 10**9 if walk else 0
         try:
             lik, grad = functions(model, index)

@@ -10,6 +10,7 @@ rounding (1e-12 relative) and gradients to 1e-10 relative.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxphylo as jp
 from jaxphylo._schedule import device_schedule, phase_widths
@@ -17,15 +18,18 @@ from jaxphylo.likelihood import _kernel, _pallas, _peeling
 from jaxphylo.likelihood._api import PatternData, batch_layout_lengths, model_arrays
 
 
-def _problem(taxa=7, patterns=200, trees=2, model="HKY{2.5}+F{0.3,0.2,0.2,0.3}+G2{0.7}", seed=0):
+def _problem(taxa=7, patterns=200, trees=2, model="HKY{2.5}+F{0.3,0.2,0.2,0.3}+G2{0.7}", seed=0, **options):
     """A batch of random topologies over the same taxa, random data with ambiguity codes and gaps."""
     rng = np.random.default_rng(seed)
     names = [f"t{i}" for i in range(taxa)]
     batch = jp.TreeBatch.from_trees([jp.random_topology_tree(names, seed=seed + b, mean_branch_length=0.2)
                                      for b in range(trees)])
-    model = jp.parse_model(model)
-    table = np.vstack([np.eye(4), [[1, 0, 1, 0], [0, 1, 0, 1]], np.ones((1, 4))])  # A C G T, R, Y, gap/all-ones
-    codes = np.vstack([rng.integers(0, 7, (taxa, patterns)), np.full((1, patterns), 6)]).astype(np.int32)
+    model = jp.parse_model(model, **options)
+    s = model.alphabet.num_states
+    ambiguous = np.zeros((2, s))
+    ambiguous[0, ::2], ambiguous[1, 1::2] = 1, 1  # for nucleotides R and Y
+    table = np.vstack([np.eye(s), ambiguous, np.ones((1, s))])  # states, two ambiguity codes, gap/all-ones
+    codes = np.vstack([rng.integers(0, s + 3, (taxa, patterns)), np.full((1, patterns), s + 2)]).astype(np.int32)
     data = PatternData(jnp.asarray(codes), jnp.asarray(table), jnp.asarray(rng.integers(1, 5, patterns) * 1.0))
     schedule = device_schedule(batch.parents, phase_widths(taxa, 2))  # narrow steps: several per level
     arrays = model_arrays(model, batch_layout_lengths(batch.branch_lengths, schedule), jnp.float64)
@@ -62,9 +66,26 @@ def test_pallas_post_order_equals_xla_rows(monkeypatch):
         np.testing.assert_allclose(g, w, rtol=1e-13, atol=1e-15)
 
 
-def test_pallas_is_only_asked_for_nucleotides(monkeypatch):
+@pytest.mark.parametrize("model, options", [("LG+G2{0.5}", {}), ("GY{kappa=2,omega=0.3}+FQ+G2{0.5}", {"genetic_code": 1})],
+                         ids=["amino-acids", "codons"])
+def test_pallas_blocks_equal_xla_passes(model, options, monkeypatch):
+    """Amino acids (padded to 32 states, 64-pattern tiles) and codons (64 states, 32-pattern tiles) take the
+    matrix-product kernels: value, gradient and every partials row; 40 patterns make one padded tile."""
+    arrays, weights, schedule = _problem(taxa=5, patterns=40, model=model, **options)
+    value, grads = _total("xla", monkeypatch)(*arrays, weights, schedule)
+    pallas_value, pallas_grads = _total("pallas", monkeypatch)(*arrays, weights, schedule)
+    np.testing.assert_allclose(pallas_value, value, rtol=1e-12)
+    for got, want in zip(pallas_grads, grads):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(want))))
+    transition, _, _, codes, table = arrays
+    for got, want in zip(_pallas.post_order_partials(transition, codes, table, schedule),
+                         _peeling.post_order_partials(transition, codes, table, schedule)):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+
+
+def test_pallas_is_opt_in(monkeypatch):
     monkeypatch.setenv(_pallas.KERNEL_ENV, "pallas")
-    assert _pallas.wanted(4) and not _pallas.wanted(20)
+    assert _pallas.wanted(4) and _pallas.wanted(61) and _pallas.blocked(20) and not _pallas.blocked(4)
     monkeypatch.setenv(_pallas.KERNEL_ENV, "xla")
     assert not _pallas.wanted(4)
 

@@ -45,11 +45,10 @@ def pattern_log_likelihoods(
 def _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, static_steps=None):
     if _pallas.wanted(tip_table.shape[1]):
         # The Pallas passes keep their tiled layout between the two passes.
-        tiled = _pallas.post_order_tiled(transition, tip_codes, tip_table, schedule, static_steps)
+        tiled = _pallas.post_order_tiled(transition, root_frequencies, category_weights, tip_codes, tip_table,
+                                         schedule, static_steps)
         patterns = tip_codes.shape[1]
-        root = _pallas.root_partials(tiled, schedule, patterns)
-        scaled = root_sum(root, root_frequencies, category_weights)
-        return jnp.log(scaled) + _pallas.total_log_scales(tiled, patterns), tiled
+        return jnp.log(_pallas.root_sums(tiled, patterns)) + _pallas.total_log_scales(tiled, patterns), tiled
     partials, log_scales = post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
     return log_likelihoods_from(partials, log_scales, root_frequencies, category_weights, schedule), partials
 
@@ -79,10 +78,10 @@ def _backward(static_steps, saved, pattern_cotangent):
         if not table_wanted:
             d_transition = _pallas.transition_cotangents(transition, root_frequencies, category_weights, partials,
                                                          pattern_cotangent, schedule, static_steps)
-            root = _pallas.root_partials(partials, schedule, patterns)
+            root = _pallas.root_partials(partials, schedule, patterns, states)
             d_root, d_weights = _root_cotangents(pattern_cotangent, root, root_frequencies, category_weights)
             return d_transition, d_root, d_weights, None, None, None
-        partials = _pallas.untiled(partials.partials, patterns)  # the tip table's cotangent: the XLA pass
+        partials = _pallas.untiled(partials.partials, patterns, states)  # the tip table's cotangent: the XLA pass
     visit = transition_cotangent_visitor(pattern_cotangent, num_tips, table_wanted)
     start = (jnp.zeros_like(transition),
              jnp.zeros((transition.shape[0], num_tips + 1, patterns, states), transition.dtype) if table_wanted

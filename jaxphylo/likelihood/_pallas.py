@@ -4,10 +4,9 @@ Two schedules, as DESIGN.md's probe measured them on an H100:
 - *steps*: one launch per schedule step (BEAGLE's level schedule), grid
   `(trees, nodes of the step, pattern tiles)`, inside the level loops, whose
   step counts remain data (a new topology of N taxa reuses the program);
-- *walk*, for small trees (`walks`): one launch per pass, grid `(trees,
-  pattern tiles)`, each program visiting every row of its tree in order
-  (rows are in post-order), so levels need no launch boundary; a tree's whole
-  pass then costs one launch instead of one (and a loop iteration) per step.
+- *walk*, for small trees of few states (`walks`): one launch per pass, grid
+  `(trees, pattern tiles)`, each program visiting every row of its tree in
+  order (rows are in post-order), so levels need no launch boundary.
 
 Program `(b, ..., t)` reads a node's two children for its tile of patterns (a
 tip's vectors from the tips' table, an internal child's row of the partials
@@ -16,40 +15,42 @@ buffer) and forms, in every rate category `r`,
     p_k,r = (P_i,r x_i,r) o (P_j,r x_j,r),
 
 divided by the tile's per-pattern maximum over categories and states, whose
-log is kept. The pre-order node forms `s_i = q_k o (P_j p_j)`, writes
-`q_i = P_i^T s_i` (rescaled) to internal children, and adds the tile's
-`sum_c g_c s_i,c p_i,c^T / n_c` to the node's slot of a per-tile buffer, which is
-summed over tiles and scattered to the branches once, at the end.
-Everything between the loads of the children and the stores stays in registers.
+log is kept; the root's program also forms the category sum
+`sum_r w_r pi^T p_root,r`. The pre-order node forms `s_i = q_k o (P_j p_j)`
+and writes `q_i = P_i^T s_i` (rescaled) to internal children.
 
-The kernels run through Triton on a GPU, and in Pallas's interpret mode on a
-CPU, where the tests check them against the XLA passes. Triton wants every
-array of a kernel to have a power-of-two size, so the kernels handle one state
-of one pattern tile (`T` patterns, a power of two) at a time: buffers are laid
-out `[B, rows, tiles, C, S, T]` between the passes, patterns padded to whole
-tiles with all-ones tips, and `P x` is written out as `S^2` multiply-adds of
-tile vectors by scalars. That suits nucleotides (`S = 4`); larger state
-spaces keep the XLA passes.
+What a tile is depends on the state count: nucleotides' tiles are `C x S`
+vectors of `T` patterns with `P x` written out (`_pallas_vectors`, which also
+contracts `d log L / d P` in the kernel); larger state spaces' are `[T, S]`
+blocks with matrix products (`_pallas_blocks`, whose contraction is a batched
+matrix product afterwards). The kernels run through Triton on a GPU, and in
+Pallas's interpret mode on a CPU, where the tests check them against the XLA
+passes.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
+from .._precision import product_precision
 from .._schedule import Schedule
+from . import _pallas_blocks, _pallas_vectors
+from ._pallas_blocks import padded_states
+from ._pallas_vectors import VECTOR_STATES
 
-PATTERN_TILE = 128  # patterns per program; with NUM_WARPS the best of those measured (pallas_probe-gpu.json)
+PATTERN_TILE = 128  # patterns per program for vectors; with NUM_WARPS the best measured (pallas_probe-gpu.json)
+BLOCK_ELEMENTS = 2048  # a block tile holds T x S of them: T = 32 for codons, 64 for amino acids (probe_dot, H100)
 NUM_WARPS = 4
 WALK_MAX_TIPS = 32  # up to this many taxa a pass is one launch walking the nodes: H100, pallas_probe-walk-gpu.json
-MAX_STATES = 8  # the kernels write `P x` out as `S^2` multiply-adds per category: nucleotides
+MAX_STATES = 64  # codons, padded to 64
 KERNEL_ENV = "JAXPHYLO_KERNEL"
 
 
@@ -61,6 +62,16 @@ def wanted(states: int) -> bool:
     return os.environ.get(KERNEL_ENV, "xla").lower() == "pallas" and states <= MAX_STATES
 
 
+def blocked(states: int) -> bool:
+    """Whether tiles are `[T, S]` blocks with matrix products (else `S` vectors of `T` patterns)."""
+    return states > VECTOR_STATES
+
+
+def walks(num_tips: int, states: int = 4) -> bool:
+    """Whether a pass is one launch walking every node (small trees) rather than one launch per step."""
+    return num_tips <= WALK_MAX_TIPS and not blocked(states)
+
+
 def _compiler_params():
     if jax.default_backend() == "gpu":
         from jax.experimental.pallas import triton as plt
@@ -69,206 +80,115 @@ def _compiler_params():
     return None
 
 
-def _child_vectors(b, t, child, num_tips, sentinel_row, num_categories, num_states, tips_ref, partials_ref):
-    """`x[r][j]`, the `[T]` tile of a child's partials in category r and state j (a tip's from its codes)."""
-    is_tip = child < num_tips
-    tip_row = jnp.where(is_tip, child, num_tips)
-    source = jnp.where(is_tip, sentinel_row, child - num_tips)
-    # Every vector is one pattern tile `[T]`: Triton handles those best (no small inner axes).
-    tip = [tips_ref[tip_row, t, j, :] for j in range(num_states)]
-    return [[jnp.where(is_tip, tip[j], partials_ref[b, source, t, r, j, :]) for j in range(num_states)]
-            for r in range(num_categories)]
-
-
-def _times(transition_ref, b, child, r, x, transpose=False):
-    """`P x` (or `P^T x`) of category r's matrix of `child`'s branch, each state a `[T]` vector."""
-    n = len(x)
-    entry = (lambda i, j: transition_ref[b, child, r, j, i]) if transpose else (lambda i, j: transition_ref[b, child, r, i, j])
-    out = []
-    for i in range(n):
-        total = entry(i, 0) * x[0]
-        for j in range(1, n):
-            total = total + entry(i, j) * x[j]
-        out.append(total)
-    return out
-
-
-def _tile_max(vectors):
-    """The per-pattern maximum over categories and states, 1 where it is 0 (a pattern no state explains)."""
-    scale = vectors[0][0]
-    for per_state in vectors:
-        for v in per_state:
-            scale = jnp.maximum(scale, v)
-    return jnp.where(scale > 0, scale, 1.0)
-
-
-def _post_order_node(b, row, t, consts, children_ref, transition_ref, tips_ref, partials_ref, scales_ref):
-    """Row `row` of tree b, pattern tile t: `p_k = (P_i x_i) o (P_j x_j)`, rescaled, and its log factor."""
-    num_tips, sentinel_row, num_categories, num_states = consts
-    products = None
-    for k in range(2):
-        child = children_ref[b, row, k]
-        x = _child_vectors(b, t, child, *consts, tips_ref, partials_ref)
-        messages = [_times(transition_ref, b, child, r, x[r]) for r in range(num_categories)]
-        products = messages if k == 0 else [[p * m for p, m in zip(ps, ms)] for ps, ms in zip(products, messages)]
-    scale = _tile_max(products)
-    for r in range(num_categories):
-        for i in range(num_states):
-            partials_ref[b, row, t, r, i, :] = products[r][i] / scale
-    scales_ref[b, row, t, :] = jnp.log(scale)
-
-
-def _pre_order_node(b, row, t, real, consts, children_ref, transition_ref, tips_ref, partials_ref, cotangent_ref,
-                    q_ref, d_ref):
-    """Row `row` as a parent: `s_i = q_k o P_j p_j`, `q_i = rescale(P_i^T s_i)` for both children, and
-    `sum_c g_c s_i,c p_i,c^T / n_c` over the tile added to the row's `[2, C, S, S]` slot of `d_ref`."""
-    num_tips, sentinel_row, num_categories, num_states = consts
-    parent = [[q_ref[b, row, t, r, i, :] for i in range(num_states)] for r in range(num_categories)]
-    children = [children_ref[b, row, k] for k in range(2)]
-    p = [_child_vectors(b, t, child, *consts, tips_ref, partials_ref) for child in children]
-    messages = [[_times(transition_ref, b, child, r, p[k][r]) for r in range(num_categories)]
-                for k, child in enumerate(children)]
-    s = [[[q * m for q, m in zip(parent[r], messages[1 - k][r])] for r in range(num_categories)] for k in range(2)]
-    norm = sum(a * m for r in range(num_categories) for a, m in zip(s[0][r], messages[0][r]))
-    counted = (children[0] != num_tips + sentinel_row) & real
-    alpha = jnp.where(counted, cotangent_ref[b, t, :] / jnp.where(counted, norm, 1.0), 0.0)
-    for k, child in enumerate(children):
-        for r in range(num_categories):
-            weighted = [alpha * v for v in s[k][r]]
-            for i in range(num_states):
-                for j in range(num_states):
-                    # Added, not stored: padding steps revisit the root's block (adding zeros there).
-                    d_ref[b, row, t, k, r, i, j] += jnp.sum(weighted[i] * p[k][r][j])
-        up = [_times(transition_ref, b, child, r, s[k][r], transpose=True) for r in range(num_categories)]
-        scale = _tile_max(up)
-        kept = (child >= num_tips) & (child != num_tips + sentinel_row)
-        target = jnp.where(kept, child - num_tips, sentinel_row + 1)  # tips and padding write a spare row
-        for r in range(num_categories):
-            for j in range(num_states):
-                q_ref[b, target, t, r, j, :] = up[r][j] / scale
-
-
-# Kernels. Aliased inputs (`*_in`) are never read: the outputs hold their values and are read instead,
-# which is the same memory on a GPU and the right values in interpret mode too.
-
-def _post_order_step_kernel(consts, start_ref, children_ref, transition_ref, tips_ref, partials_in, scales_in,
-                            partials_ref, scales_ref):
-    b, w, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    _post_order_node(b, start_ref[b] + w, t, consts, children_ref, transition_ref, tips_ref, partials_ref, scales_ref)
-
-
-def _post_order_walk_kernel(consts, root_ref, children_ref, transition_ref, tips_ref, partials_in, scales_in,
-                            partials_ref, scales_ref):
-    """Every row up to the root's, in order, for one tile: rows are in post-order, and a program reads back
-    only what it wrote itself, so no launch boundary is needed between levels."""
-    b, t = pl.program_id(0), pl.program_id(1)
-
-    def node(row, carry):
-        _post_order_node(b, row, t, consts, children_ref, transition_ref, tips_ref, partials_ref, scales_ref)
-        return carry
-
-    lax.fori_loop(0, root_ref[b] + 1, node, 0)
-
-
-def _pre_order_step_kernel(consts, start_ref, real_ref, children_ref, transition_ref, tips_ref, partials_ref,
-                           cotangent_ref, q_in, d_in, q_ref, d_ref):
-    b, w, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    _pre_order_node(b, start_ref[b] + w, t, real_ref[b] != 0, consts, children_ref, transition_ref, tips_ref,
-                    partials_ref, cotangent_ref, q_ref, d_ref)
-
-
-def _pre_order_walk_kernel(consts, root_ref, children_ref, transition_ref, tips_ref, partials_ref, cotangent_ref,
-                           q_in, d_in, q_ref, d_ref):
-    b, t = pl.program_id(0), pl.program_id(1)
-    root = root_ref[b]
-
-    def node(i, carry):
-        _pre_order_node(b, root - i, t, True, consts, children_ref, transition_ref, tips_ref, partials_ref,
-                        cotangent_ref, q_ref, d_ref)
-        return carry
-
-    lax.fori_loop(0, root + 1, node, 0)
-
-
-def _grid_call(kernel, out_shapes, aliases, shape_args, width: int | None, interpret: bool, name: str):
-    """Programs `(tree, node of the step, tile)`, or `(tree, tile)` for a walk (`width` None)."""
-    batch, _, tiles, *_ = shape_args
-    return pl.pallas_call(
-        kernel,
-        out_shape=out_shapes,
-        grid=(batch, tiles) if width is None else (batch, width, tiles),
-        input_output_aliases=aliases,
-        interpret=interpret,
-        compiler_params=_compiler_params(),
-        name=name if width is None else f"{name}_w{width}",
-    )
-
-
-def walks(num_tips: int) -> bool:
-    """Whether a pass is one launch walking every node (small trees) rather than one launch per step."""
-    return num_tips <= WALK_MAX_TIPS
-
-
-def _tiled(x: Float[Array, "*lead patterns"], tiles: int, fill) -> Float[Array, "*lead tiles T"]:
-    """Patterns padded to whole tiles and split into `[tiles, T]`."""
-    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, tiles * PATTERN_TILE - x.shape[-1])], constant_values=fill)
-    return padded.reshape(x.shape[:-1] + (tiles, PATTERN_TILE))
-
-
-def _tip_tiles(tip_codes, tip_table, dtype) -> Float[Array, "tips_plus_one tiles S T"]:
-    tiles = -(-tip_codes.shape[1] // PATTERN_TILE)
-    tips = _tiled(jnp.moveaxis(tip_table.astype(dtype)[tip_codes], -1, -2), tiles, 1.0)  # [N+1, S, tiles, T]
-    return jnp.moveaxis(tips, -2, 1)
-
-
 def _interpret(interpret):
     return jax.default_backend() == "cpu" if interpret is None else interpret
 
 
+def _call(body, consts, inputs: tuple[str, ...], outputs: dict, aliases: dict, grid, interpret: bool, name: str):
+    """`pallas_call` of `body(consts, refs)`, its refs named: an aliased input's name is its output's."""
+
+    def kernel(*refs):
+        named = dict(zip(inputs, refs))
+        named.update(zip(outputs, refs[len(inputs):]))
+        body(consts, SimpleNamespace(**named))
+
+    return pl.pallas_call(kernel, out_shape=tuple(outputs.values()), grid=grid, input_output_aliases=aliases,
+                          interpret=interpret, compiler_params=_compiler_params(), name=name)
+
+
+def _shape(x) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def _tiled(x: Float[Array, "*lead patterns"], tiles: int, tile: int, fill) -> Float[Array, "*lead tiles T"]:
+    """Patterns padded to whole tiles and split into `[tiles, T]`."""
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, tiles * tile - x.shape[-1])], constant_values=fill)
+    return padded.reshape(x.shape[:-1] + (tiles, tile))
+
+
+def _pad_states(x, axes, size):
+    return jnp.pad(x, [(0, size - x.shape[a]) if a in axes else (0, 0) for a in range(x.ndim)])
+
+
+class _Layout(NamedTuple):
+    """How a state count is tiled: `tile` patterns per program, states padded to `states`."""
+
+    blocks: bool
+    tile: int
+    states: int
+
+    @classmethod
+    def of(cls, states: int) -> "_Layout":
+        if blocked(states):
+            padded = padded_states(states)
+            return cls(True, BLOCK_ELEMENTS // padded, padded)
+        return cls(False, PATTERN_TILE, states)
+
+    def tip_tiles(self, tip_codes, tip_table, dtype):
+        """Tips' vectors `[N+1, tiles, S, T]`, or blocks `[N+1, tiles, T, S]`; padding patterns are all ones."""
+        tiles = -(-tip_codes.shape[1] // self.tile)
+        table = _pad_states(tip_table.astype(dtype), (1,), self.states)
+        tips = _tiled(jnp.moveaxis(table[tip_codes], -1, -2), tiles, self.tile, 1.0)  # [N+1, S, tiles, T]
+        return jnp.moveaxis(tips, -2, 1).swapaxes(-1, -2) if self.blocks else jnp.moveaxis(tips, -2, 1)
+
+    def row_shape(self, categories: int) -> tuple[int, int, int]:
+        return (categories, self.tile, self.states) if self.blocks else (categories, self.states, self.tile)
+
+
 class TiledPartials(NamedTuple):
-    """Post-order output in the kernels' layout: partials `[B, rows, tiles, C, S, T]`, log scales
-    `[B, rows, tiles, T]`, and the tips' vectors `[N+1, tiles, S, T]` the pre-order pass reads again."""
+    """Post-order output in the kernels' layout: partials `[B, rows, tiles, C, S, T]` (blocks: `[..., C, T, S]`),
+    log scales `[B, rows, tiles, T]`, the root's category sums `[B, tiles, T]`, and the tips' vectors the
+    pre-order pass reads again."""
 
     partials: Array
     log_scales: Array
+    root_sums: Array
     tips: Array
 
 
-def post_order_tiled(transition: Float[Array, "B ids C S S"], tip_codes: Int[Array, "tips_plus_one patterns"],
+def post_order_tiled(transition: Float[Array, "B ids C S S"], root_frequencies: Float[Array, "B S"],
+                     category_weights: Float[Array, "B C"], tip_codes: Int[Array, "tips_plus_one patterns"],
                      tip_table: Float[Array, "codes S"], schedule: Schedule, static_steps=None,
                      interpret: bool | None = None) -> TiledPartials:
     """The post-order pass in the kernels' tiled layout: one launch per step, or one walk for small trees."""
     from ._peeling import level_loop
 
     b, _, c, s, _ = transition.shape
-    tips = _tip_tiles(tip_codes, tip_table, transition.dtype)
+    layout, interpret = _Layout.of(s), _interpret(interpret)
+    transition = _pad_states(transition, (3, 4), layout.states)
+    root_frequencies = _pad_states(root_frequencies.astype(transition.dtype), (1,), layout.states)
+    tips = layout.tip_tiles(tip_codes, tip_table, transition.dtype)
     tiles, rows = tips.shape[1], schedule.num_slots + 1
-    partials = jnp.ones((b, rows, tiles, c, s, PATTERN_TILE), transition.dtype)
-    log_scales = jnp.zeros((b, rows, tiles, PATTERN_TILE), transition.dtype)
-    out_shapes = (jax.ShapeDtypeStruct(partials.shape, partials.dtype),
-                  jax.ShapeDtypeStruct(log_scales.shape, log_scales.dtype))
-    consts = (schedule.num_tips, rows - 1, c, s)
-    children = schedule.children.astype(jnp.int32)
-    call = functools.partial(_grid_call, out_shapes=out_shapes, aliases={4: 0, 5: 1}, shape_args=partials.shape,
-                             interpret=_interpret(interpret))
-    if walks(schedule.num_tips):
-        walk = call(functools.partial(_post_order_walk_kernel, consts), width=None, name="post_order_walk")
-        partials, log_scales = walk(schedule.root_row.astype(jnp.int32), children, transition, tips, partials,
-                                    log_scales)
-        return TiledPartials(partials, log_scales, tips)
+    carry = (jnp.ones((b, rows, tiles) + layout.row_shape(c), transition.dtype),
+             jnp.zeros((b, rows, tiles, layout.tile), transition.dtype),
+             jnp.zeros((b + 1, tiles, layout.tile), transition.dtype))  # row b: every other row's root sum
+    nodes = _pallas_blocks if layout.blocks else _pallas_vectors
+    call = functools.partial(
+        _call, consts=(schedule.num_tips, rows - 1, c, s, b, interpret),
+        inputs=("start", "root_row", "children", "transition", "frequencies", "weights", "tips", "partials",
+                "log_scales", "root_sums"),
+        outputs=dict(partials=_shape(carry[0]), log_scales=_shape(carry[1]), root_sums=_shape(carry[2])),
+        aliases={7: 0, 8: 1, 9: 2}, interpret=interpret)
+    arguments = (schedule.root_row.astype(jnp.int32), schedule.children.astype(jnp.int32), transition,
+                 root_frequencies, category_weights.astype(transition.dtype), tips)
+    if walks(schedule.num_tips, s):
+        walk = call(nodes.post_order_walk, grid=(b, tiles), name="post_order_walk")
+        partials, log_scales, root_sums = walk(jnp.zeros(b, jnp.int32), *arguments, *carry)
+    else:
+        def body(carry, start, real, width):
+            step = call(nodes.post_order_step, grid=(b, width, tiles), name=f"post_order_w{width}")
+            return step(start.astype(jnp.int32), *arguments, *carry)
 
-    def body(carry, start, real, width):
-        step = call(functools.partial(_post_order_step_kernel, consts), width=width, name="post_order")
-        return step(start.astype(jnp.int32), children, transition, tips, *carry)
-
-    partials, log_scales = level_loop(schedule, body, (partials, log_scales), static_steps=static_steps)
-    return TiledPartials(partials, log_scales, tips)
+        partials, log_scales, root_sums = level_loop(schedule, body, carry, static_steps=static_steps)
+    return TiledPartials(partials, log_scales, root_sums[:b], tips)
 
 
-def untiled(x: Float[Array, "*lead tiles C S T"], patterns: int) -> Float[Array, "*lead C patterns S"]:
+def untiled(x: Float[Array, "*lead tiles C S T"], patterns: int, states: int) -> Float[Array, "*lead C patterns S"]:
     """Tiled partials back in the passes' layout `[..., C, patterns, S]`."""
-    *lead, tiles, c, s, t = x.shape
-    return jnp.moveaxis(x, -4, -3).swapaxes(-1, -2).reshape(*lead, c, tiles * t, s)[..., :patterns, :]
+    if not blocked(states):
+        x = x.swapaxes(-1, -2)
+    *lead, tiles, c, t, s = x.shape
+    return jnp.moveaxis(x, -4, -3).reshape(*lead, c, tiles * t, s)[..., :patterns, :states]
 
 
 def post_order_partials(
@@ -280,14 +200,21 @@ def post_order_partials(
     interpret: bool | None = None,
 ) -> tuple[Float[Array, "B rows C patterns S"], Float[Array, "B rows patterns"]]:
     """`_peeling.post_order_partials` through the Pallas step (same outputs, same layout)."""
-    tiled = post_order_tiled(transition, tip_codes, tip_table, schedule, static_steps, interpret)
+    b, _, c, s, _ = transition.shape
+    uniform = jnp.ones((b, s), transition.dtype) / s, jnp.ones((b, c), transition.dtype) / c  # root sums unused
+    tiled = post_order_tiled(transition, *uniform, tip_codes, tip_table, schedule, static_steps, interpret)
     patterns = tip_codes.shape[1]
-    b, rows = tiled.log_scales.shape[:2]
-    return untiled(tiled.partials, patterns), tiled.log_scales.reshape(b, rows, -1)[..., :patterns]
+    rows = tiled.log_scales.shape[1]
+    return untiled(tiled.partials, patterns, s), tiled.log_scales.reshape(b, rows, -1)[..., :patterns]
 
 
-def root_partials(tiled: TiledPartials, schedule: Schedule, patterns: int) -> Float[Array, "B C patterns S"]:
-    return untiled(jax.vmap(lambda buffer, r: buffer[r])(tiled.partials, schedule.root_row), patterns)
+def root_partials(tiled: TiledPartials, schedule: Schedule, patterns: int, states: int) -> Float[Array, "B C patterns S"]:
+    return untiled(jax.vmap(lambda buffer, r: buffer[r])(tiled.partials, schedule.root_row), patterns, states)
+
+
+def root_sums(tiled: TiledPartials, patterns: int) -> Float[Array, "B patterns"]:
+    """`sum_r w_r pi^T p_root,r` per pattern, on the rescaled root partials."""
+    return tiled.root_sums.reshape(tiled.root_sums.shape[0], -1)[:, :patterns]
 
 
 def total_log_scales(tiled: TiledPartials, patterns: int) -> Float[Array, "B patterns"]:
@@ -305,38 +232,72 @@ def transition_cotangents(
     static_steps=None,
     interpret: bool | None = None,
 ) -> Float[Array, "B ids C S S"]:
-    """`sum_c g_c d log L_c / d P` for every branch: the pre-order pass, each step one Pallas launch.
+    """`sum_c g_c d log L_c / d P` for every branch: the pre-order pass, each step one Pallas launch (or one
+    walk for small trees), starting from `q_root,r = w_r pi`.
 
-    Each program adds its tile's `sum_c g_c s_i,c p_i,c^T / n_c` into row k's
-    slot of a `[B, rows, tiles, 2, C, S, S]` buffer (no two programs share a
-    slot); the tiles are summed and scattered to the children's layout ids once, at the end.
+    Vectors: each program adds its tile's `sum_c g_c s_i,c p_i,c^T / n_c` into
+    row k's slot of a `[B, rows, tiles, 2, C, S, S]` buffer (no two programs
+    share a slot); the tiles are summed and scattered to the branches once, at
+    the end. Blocks: each step's kernel writes `s`, `p` and `g_c / n_c`, and
+    a batched matrix product contracts them over patterns.
     """
-    from ._peeling import level_loop
+    from ._peeling import level_loop, step_children
 
-    b, rows, tiles, c, s, _ = tiled.partials.shape
+    b, rows, tiles = tiled.partials.shape[:3]
+    c, s = transition.shape[2], transition.shape[-1]
+    layout, interpret = _Layout.of(s), _interpret(interpret)
+    transition = _pad_states(transition, (3, 4), layout.states)
     batch = jnp.arange(b)
-    root = (category_weights[:, :, None] * root_frequencies[:, None, :])[:, None, :, :, None]  # [B, 1, C, S, 1]
-    q = jnp.ones((b, rows + 1, tiles, c, s, PATTERN_TILE), transition.dtype)
-    q = q.at[batch, schedule.root_row].set(jnp.broadcast_to(root, (b, tiles, c, s, PATTERN_TILE)))
+    root = category_weights[:, :, None] * _pad_states(root_frequencies, (1,), layout.states)[:, None, :]  # [B, C, S]
+    root = root[:, None, :, None, :] if layout.blocks else root[:, None, :, :, None]
+    q = jnp.ones((b, rows + 1) + tiled.partials.shape[2:], transition.dtype)  # row `rows`: tips' and padding's
+    q = q.at[batch, schedule.root_row].set(jnp.broadcast_to(root, (b,) + tiled.partials.shape[2:]))
+    cotangent = _tiled(pattern_cotangent.astype(transition.dtype), tiles, layout.tile, 0.0)
+    inputs = ("start", "real", "root_row", "children", "transition", "tips", "partials", "cotangent", "q")
+    arguments = (schedule.root_row.astype(jnp.int32), schedule.children.astype(jnp.int32), transition,
+                 tiled.tips, tiled.partials, cotangent)
+    call = functools.partial(_call, consts=(schedule.num_tips, rows - 1, c, s, b, interpret), interpret=interpret)
+    if layout.blocks:
+        return _block_cotangents(call, inputs, arguments, q, schedule, static_steps)[..., :s, :s]
+
     d = jnp.zeros((b, rows, tiles, 2, c, s, s), transition.dtype)
-    cotangent = _tiled(pattern_cotangent.astype(transition.dtype), tiles, 0.0)
-    out_shapes = (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(d.shape, d.dtype))
-    consts = (schedule.num_tips, rows - 1, c, s)
-    children = schedule.children.astype(jnp.int32)
-    call = functools.partial(_grid_call, out_shapes=out_shapes, shape_args=tiled.partials.shape,
-                             interpret=_interpret(interpret))
-    if walks(schedule.num_tips):
-        walk = call(functools.partial(_pre_order_walk_kernel, consts), aliases={6: 0, 7: 1}, width=None,
-                    name="pre_order_walk")
-        _, d = walk(schedule.root_row.astype(jnp.int32), children, transition, tiled.tips, tiled.partials, cotangent,
-                    q, d)
+    call = functools.partial(call, inputs=inputs + ("d",), outputs=dict(q=_shape(q), d=_shape(d)),
+                             aliases={8: 0, 9: 1})
+    nodes = _pallas_vectors
+    if walks(schedule.num_tips, s):
+        walk = call(nodes.pre_order_walk, grid=(b, tiles), name="pre_order_walk")
+        _, d = walk(jnp.zeros(b, jnp.int32), jnp.ones(b, jnp.int32), *arguments, q, d)
     else:
         def body(carry, start, real, width):
-            step = call(functools.partial(_pre_order_step_kernel, consts), aliases={7: 0, 8: 1}, width=width,
-                        name="pre_order")
-            return step(start.astype(jnp.int32), real.astype(jnp.int32), children, transition, tiled.tips,
-                        tiled.partials, cotangent, *carry)
+            step = call(nodes.pre_order_step, grid=(b, width, tiles), name=f"pre_order_w{width}")
+            return step(start.astype(jnp.int32), real.astype(jnp.int32), *arguments, *carry)
 
         _, d = level_loop(schedule, body, (q, d), reverse=True, static_steps=static_steps)
     per_row = jnp.sum(d[:, :-1], axis=2)  # [B, slots, 2, C, S, S]
+    children = schedule.children
     return jnp.zeros_like(transition).at[batch[:, None, None], children].add(per_row)
+
+
+def _block_cotangents(call, inputs, arguments, q, schedule: Schedule, static_steps):
+    """The blocks' pre-order pass: per step, the kernel's `s`, `p` and `g_c / n_c`, contracted over patterns
+    into `sum_c (g_c / n_c) s_c p_c^T` for both children of every node of the step."""
+    from ._peeling import level_loop, step_children
+
+    transition = arguments[2]
+    b, _, tiles, c, tile, s = q.shape
+    batch = jnp.arange(b)[:, None, None]
+
+    def body(carry, start, real, width):
+        q, d = carry
+        pairs = jax.ShapeDtypeStruct((b, width, 2, tiles, c, tile, s), q.dtype)
+        step = call(_pallas_blocks.pre_order_step, inputs=inputs,
+                    outputs=dict(q=_shape(q), s=pairs, p=pairs,
+                                 alpha=jax.ShapeDtypeStruct((b, width, tiles, tile), q.dtype)),
+                    aliases={8: 0}, grid=(b, width, tiles), name=f"pre_order_w{width}")
+        q, s_pairs, p_pairs, alpha = step(start.astype(jnp.int32), real.astype(jnp.int32), *arguments, q)
+        contribution = jnp.einsum("bwktcpi,bwtp,bwktcpj->bwkcij", s_pairs, alpha, p_pairs,
+                                  precision=product_precision())
+        return q, d.at[batch, step_children(schedule, start, width)].add(contribution)
+
+    _, d = level_loop(schedule, body, (q, jnp.zeros_like(transition)), reverse=True, static_steps=static_steps)
+    return d

@@ -4,7 +4,7 @@
 
 Runs each case once under JAXPHYLO_KERNEL=xla and once under =pallas (two subprocesses, so that every
 jitted program is traced under its kernel) and compares: DS1 log L and branch-length gradient (float64
-and float32), a two-part partitioned log L and gradient (parts vmapped), a batch of 16 trees (steps
+and float32), codon and amino-acid log L and gradient on carnivores (the blocks kernels), a two-part partitioned log L and gradient (parts vmapped), a batch of 16 trees (steps
 kernels, 27 taxa walk), an ML search (NNI + SPR, patience 1) and a short MC³ run. Writes both sides and
 their differences to OUT.json.
 """
@@ -29,6 +29,13 @@ def side(data, kernel):
     pm = jp.partitioned_model(jp.read_partitions(path), aln, "HKY+G4")
     v, g = jax.value_and_grad(lambda b: jnp.sum(jp.partitioned_log_likelihoods(aln, eqx_replace(tree, b), pm)))(tree.branch_lengths)
     out["partitioned"] = float(v); out["partitioned_grad"] = np.asarray(g).tolist()
+    for label, alignment, states_model in _large_state_cases(data):  # the matrix-product (blocks) kernels
+        t = time.perf_counter()
+        big_tree = jp.read_tree(f"{data}/carnivores/tree.nwk")
+        v, g = jax.value_and_grad(lambda b: jp.log_likelihood(alignment, eqx_replace(big_tree, b), states_model))(
+            big_tree.branch_lengths)
+        out[f"loglik_{label}"] = float(v); out[f"grad_{label}"] = np.asarray(g).tolist()
+        out[f"seconds_{label}"] = time.perf_counter() - t
     names = list(aln.taxa)
     batch = jp.TreeBatch.from_trees([jp.random_topology_tree(names, seed=s, mean_branch_length=0.05) for s in range(16)])
     out["batch"] = np.asarray(jp.log_likelihood(aln, batch, model)).tolist()
@@ -44,6 +51,21 @@ def side(data, kernel):
     column = next(n for n in log.dtype.names if n.lower() in ("lnl", "loglik", "likelihood"))
     out["mcmc_first_loglik"] = float(log[column][0]); out["mcmc_last_loglik"] = float(log[column][-1])
     return out
+
+def _large_state_cases(data):
+    """Carnivores as codons (sense codons of NCBI table 2 only, GY94+F3x4+G4) and translated (mtREV+G4)."""
+    import jaxphylo as jp
+    from Bio.Data import CodonTable
+    dna = jp.read_alignment(f"{data}/carnivores/alignment.fasta")
+    sense = set(jp.codon_alphabet(2).states)
+    keep = [i for i in range(0, len(dna.sequences[0]) - 2, 3) if all(s[i:i + 3] in sense for s in dna.sequences)]
+    codons = [[s[i:i + 3] for i in keep] for s in dna.sequences]
+    table = CodonTable.unambiguous_dna_by_id[2].forward_table
+    codon_alignment = jp.Alignment(dna.taxa, tuple("".join(c) for c in codons), jp.codon_alphabet(2))
+    return [("codons", codon_alignment,
+             jp.parse_model("GY{kappa=2,omega=0.3}+F3X4+G4{0.5}", alignment=codon_alignment, genetic_code=2)),
+            ("amino_acids", jp.Alignment(dna.taxa, tuple("".join(table[x] for x in c) for c in codons), jp.PROTEIN),
+             jp.parse_model("mtREV+G4{0.5}"))]
 
 def eqx_replace(tree, lengths):
     import equinox as eqx

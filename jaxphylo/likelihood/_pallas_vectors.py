@@ -1,0 +1,132 @@
+"""Pallas node bodies for small state spaces (nucleotides): each state of a pattern tile is one `[T]` vector.
+
+Triton wants every array of a kernel to have a power-of-two size and handles
+long flat vectors best, so for `S <= VECTOR_STATES` a tile of a partials row is
+kept as `C x S` vectors of `T` patterns (buffers `[B, rows, tiles, C, S, T]`),
+and `P x` is written out as `S^2` multiply-adds of tile vectors by scalars.
+Every category of a node stays in registers, so a node is computed once and
+rescaled in place. `_pallas.py` runs these bodies as step launches or walks.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+VECTOR_STATES = 8  # up to this many states `P x` is written out; above it `_pallas_blocks` uses matrix products
+
+
+def _child_vectors(b, t, child, num_tips, sentinel_row, num_categories, num_states, tips_ref, partials_ref):
+    """`x[r][j]`, the `[T]` tile of a child's partials in category r and state j (a tip's from its codes)."""
+    is_tip = child < num_tips
+    tip_row = jnp.where(is_tip, child, num_tips)
+    source = jnp.where(is_tip, sentinel_row, child - num_tips)
+    tip = [tips_ref[tip_row, t, j, :] for j in range(num_states)]
+    return [[jnp.where(is_tip, tip[j], partials_ref[b, source, t, r, j, :]) for j in range(num_states)]
+            for r in range(num_categories)]
+
+
+def _times(transition_ref, b, child, r, x, transpose=False):
+    """`P x` (or `P^T x`) of category r's matrix of `child`'s branch, each state a `[T]` vector."""
+    n = len(x)
+    entry = (lambda i, j: transition_ref[b, child, r, j, i]) if transpose else (lambda i, j: transition_ref[b, child, r, i, j])
+    out = []
+    for i in range(n):
+        total = entry(i, 0) * x[0]
+        for j in range(1, n):
+            total = total + entry(i, j) * x[j]
+        out.append(total)
+    return out
+
+
+def _tile_max(vectors):
+    """The per-pattern maximum over categories and states, 1 where it is 0 (a pattern no state explains)."""
+    scale = vectors[0][0]
+    for per_state in vectors:
+        for v in per_state:
+            scale = jnp.maximum(scale, v)
+    return jnp.where(scale > 0, scale, 1.0)
+
+
+def _post_order_node(b, row, t, consts, refs):
+    """Row `row` of tree b, pattern tile t: `p_k = (P_i x_i) o (P_j x_j)`, rescaled, and its log factor; at
+    the root also `sum_r w_r pi^T p_root,r`, the category sum (other rows write it to the spare row `B`)."""
+    num_tips, sentinel_row, num_categories, num_states, batch, _ = consts
+    products = None
+    for k in range(2):
+        child = refs.children[b, row, k]
+        x = _child_vectors(b, t, child, *consts[:4], refs.tips, refs.partials)
+        messages = [_times(refs.transition, b, child, r, x[r]) for r in range(num_categories)]
+        products = messages if k == 0 else [[p * m for p, m in zip(ps, ms)] for ps, ms in zip(products, messages)]
+    scale = _tile_max(products)
+    root_sum = 0.0
+    for r in range(num_categories):
+        for i in range(num_states):
+            scaled = products[r][i] / scale
+            refs.partials[b, row, t, r, i, :] = scaled
+            root_sum = root_sum + (refs.weights[b, r] * refs.frequencies[b, i]) * scaled
+    refs.log_scales[b, row, t, :] = jnp.log(scale)
+    refs.root_sums[jnp.where(row == refs.root_row[b], b, batch), t, :] = root_sum
+
+
+def _pre_order_node(b, row, t, real, consts, refs):
+    """Row `row` as a parent: `s_i = q_k o P_j p_j`, `q_i = rescale(P_i^T s_i)` for both children, and
+    `sum_c g_c s_i,c p_i,c^T / n_c` over the tile added to the row's `[2, C, S, S]` slot of `refs.d`."""
+    num_tips, sentinel_row, num_categories, num_states, _, _ = consts
+    parent = [[refs.q[b, row, t, r, i, :] for i in range(num_states)] for r in range(num_categories)]
+    children = [refs.children[b, row, k] for k in range(2)]
+    p = [_child_vectors(b, t, child, *consts[:4], refs.tips, refs.partials) for child in children]
+    messages = [[_times(refs.transition, b, child, r, p[k][r]) for r in range(num_categories)]
+                for k, child in enumerate(children)]
+    s = [[[q * m for q, m in zip(parent[r], messages[1 - k][r])] for r in range(num_categories)] for k in range(2)]
+    norm = sum(a * m for r in range(num_categories) for a, m in zip(s[0][r], messages[0][r]))
+    counted = (children[0] != num_tips + sentinel_row) & real
+    alpha = jnp.where(counted, refs.cotangent[b, t, :] / jnp.where(counted, norm, 1.0), 0.0)
+    for k, child in enumerate(children):
+        for r in range(num_categories):
+            weighted = [alpha * v for v in s[k][r]]
+            for i in range(num_states):
+                for j in range(num_states):
+                    # Added, not stored: padding steps revisit the root's block (adding zeros there).
+                    refs.d[b, row, t, k, r, i, j] += jnp.sum(weighted[i] * p[k][r][j])
+        up = [_times(refs.transition, b, child, r, s[k][r], transpose=True) for r in range(num_categories)]
+        scale = _tile_max(up)
+        kept = (child >= num_tips) & (child != num_tips + sentinel_row)
+        target = jnp.where(kept, child - num_tips, sentinel_row + 1)  # tips and padding write a spare row
+        for r in range(num_categories):
+            for j in range(num_states):
+                refs.q[b, target, t, r, j, :] = up[r][j] / scale
+
+
+def post_order_step(consts, refs):
+    b, w, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    _post_order_node(b, refs.start[b] + w, t, consts, refs)
+
+
+def post_order_walk(consts, refs):
+    """Every row up to the root's, in order, for one tile: rows are in post-order, and a program reads back
+    only what it wrote itself (the same `[T]` vectors, so the same threads), so levels need no launch boundary."""
+    b, t = pl.program_id(0), pl.program_id(1)
+
+    def node(row, carry):
+        _post_order_node(b, row, t, consts, refs)
+        return carry
+
+    lax.fori_loop(0, refs.root_row[b] + 1, node, 0)
+
+
+def pre_order_step(consts, refs):
+    b, w, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    _pre_order_node(b, refs.start[b] + w, t, refs.real[b] != 0, consts, refs)
+
+
+def pre_order_walk(consts, refs):
+    b, t = pl.program_id(0), pl.program_id(1)
+    root = refs.root_row[b]
+
+    def node(i, carry):
+        _pre_order_node(b, root - i, t, True, consts, refs)
+        return carry
+
+    lax.fori_loop(0, root + 1, node, 0)
