@@ -2,11 +2,12 @@
 (the static one on the trimmed schedule `data_log_likelihood` uses), the transition matrices (with the
 Gamma rates), the Gamma rates, a trivial op.
 
-    python benchmarks/breakdown.py
+    python benchmarks/breakdown.py [STATES:TAXA:PATTERNS ...]     e.g. 61:62:3600 (default: three nucleotide cases)
 
 The JAX kernels only (on a CPU the public functions use the C++ kernels instead).
 """
 import statistics
+import sys
 import time
 
 import jax
@@ -24,7 +25,10 @@ def med(f, *a, n=30):
         t = time.perf_counter(); jax.block_until_ready(f(*a)); ts.append(time.perf_counter() - t)
     return 1e3 * statistics.median(ts)
 
-for case in [("primates_mtDNA", 12, 413), ("4", 100, 1000), ("4", 1000, 1000)]:
+cases = [("primates_mtDNA", 12, 413), ("4", 100, 1000), ("4", 1000, 1000)]
+if sys.argv[1:]:
+    cases = [(a.split(":")[0], *map(int, a.split(":")[1:])) for a in sys.argv[1:]]
+for case in cases:
     tree, model, data = make_case(*case)
     sched = schedule_for(tree, model, data, jnp.float64)
     index = branch_index(tree.topology)

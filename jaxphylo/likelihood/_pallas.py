@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
+from .._errors import InputError
 from .._precision import product_precision
 from .._schedule import Schedule
 from . import _pallas_blocks, _pallas_vectors
@@ -54,12 +55,23 @@ MAX_STATES = 64  # codons, padded to 64
 KERNEL_ENV = "JAXPHYLO_KERNEL"
 
 
-def wanted(states: int) -> bool:
-    """Whether the passes use the Pallas kernels for `states` states: `JAXPHYLO_KERNEL=pallas` asks for them.
+@functools.cache
+def _on_nvidia_gpu() -> bool:
+    return jax.default_backend() == "gpu" and "cuda" in jax.devices()[0].client.platform_version.lower()
 
-    Opt-in: on an H100 they are 1.4x faster at 1,000 x 10,000 and 3x on batches of 64 trees, about even on
-    single trees of 50-1,000 taxa, and Triton compiles each program 5-8x longer (README, "Pallas kernels")."""
-    return os.environ.get(KERNEL_ENV, "xla").lower() == "pallas" and states <= MAX_STATES
+
+def wanted(states: int) -> bool:
+    """Whether the passes use the Pallas kernels for `states` states.
+
+    `JAXPHYLO_KERNEL` chooses: `pallas`, `xla`, or `auto` (the default): Pallas on an NVIDIA GPU, where on
+    an H100 they are 1.2-1.5x faster on single trees and 2.4-3.3x on batches (README, "Pallas kernels"),
+    XLA elsewhere (on a CPU Pallas only interprets; the public functions use the C++ kernels there)."""
+    choice = os.environ.get(KERNEL_ENV, "auto").lower()
+    if choice not in ("auto", "pallas", "xla"):
+        raise InputError(f"{KERNEL_ENV}={choice!r}: expected 'auto', 'pallas' or 'xla'")
+    if choice == "auto":
+        choice = "pallas" if _on_nvidia_gpu() else "xla"
+    return choice == "pallas" and states <= MAX_STATES
 
 
 def blocked(states: int) -> bool:
@@ -161,10 +173,10 @@ def post_order_tiled(transition: Float[Array, "B ids C S S"], root_frequencies: 
     tiles, rows = tips.shape[1], schedule.num_slots + 1
     carry = (jnp.ones((b, rows, tiles) + layout.row_shape(c), transition.dtype),
              jnp.zeros((b, rows, tiles, layout.tile), transition.dtype),
-             jnp.zeros((b + 1, tiles, layout.tile), transition.dtype))  # row b: every other row's root sum
+             jnp.zeros((b, tiles, layout.tile), transition.dtype))
     nodes = _pallas_blocks if layout.blocks else _pallas_vectors
     call = functools.partial(
-        _call, consts=(schedule.num_tips, rows - 1, c, s, b, interpret),
+        _call, consts=(schedule.num_tips, rows - 1, c, s, interpret),
         inputs=("start", "root_row", "children", "transition", "frequencies", "weights", "tips", "partials",
                 "log_scales", "root_sums"),
         outputs=dict(partials=_shape(carry[0]), log_scales=_shape(carry[1]), root_sums=_shape(carry[2])),
@@ -180,7 +192,7 @@ def post_order_tiled(transition: Float[Array, "B ids C S S"], root_frequencies: 
             return step(start.astype(jnp.int32), *arguments, *carry)
 
         partials, log_scales, root_sums = level_loop(schedule, body, carry, static_steps=static_steps)
-    return TiledPartials(partials, log_scales, root_sums[:b], tips)
+    return TiledPartials(partials, log_scales, root_sums, tips)
 
 
 def untiled(x: Float[Array, "*lead tiles C S T"], patterns: int, states: int) -> Float[Array, "*lead C patterns S"]:
@@ -241,7 +253,7 @@ def transition_cotangents(
     the end. Blocks: each step's kernel writes `s`, `p` and `g_c / n_c`, and
     a batched matrix product contracts them over patterns.
     """
-    from ._peeling import level_loop, step_children
+    from ._peeling import level_loop
 
     b, rows, tiles = tiled.partials.shape[:3]
     c, s = transition.shape[2], transition.shape[-1]
@@ -250,13 +262,13 @@ def transition_cotangents(
     batch = jnp.arange(b)
     root = category_weights[:, :, None] * _pad_states(root_frequencies, (1,), layout.states)[:, None, :]  # [B, C, S]
     root = root[:, None, :, None, :] if layout.blocks else root[:, None, :, :, None]
-    q = jnp.ones((b, rows + 1) + tiled.partials.shape[2:], transition.dtype)  # row `rows`: tips' and padding's
+    q = jnp.ones(tiled.partials.shape, transition.dtype)
     q = q.at[batch, schedule.root_row].set(jnp.broadcast_to(root, (b,) + tiled.partials.shape[2:]))
     cotangent = _tiled(pattern_cotangent.astype(transition.dtype), tiles, layout.tile, 0.0)
     inputs = ("start", "real", "root_row", "children", "transition", "tips", "partials", "cotangent", "q")
     arguments = (schedule.root_row.astype(jnp.int32), schedule.children.astype(jnp.int32), transition,
                  tiled.tips, tiled.partials, cotangent)
-    call = functools.partial(_call, consts=(schedule.num_tips, rows - 1, c, s, b, interpret), interpret=interpret)
+    call = functools.partial(_call, consts=(schedule.num_tips, rows - 1, c, s, interpret), interpret=interpret)
     if layout.blocks:
         return _block_cotangents(call, inputs, arguments, q, schedule, static_steps)[..., :s, :s]
 

@@ -54,8 +54,8 @@ def _message(refs, b, child, r, x):
 
 def _post_order_node(b, row, t, consts, refs):
     """Row `row`, tile t: `p_k = (P_i x_i) o (P_j x_j)` per category, rescaled, its log factor, and at the root
-    the category sum `sum_r w_r pi^T p_root,r` (other rows write it to the spare row `B`)."""
-    num_tips, sentinel_row, num_categories, _, batch, interpret = consts
+    the category sum `sum_r w_r pi^T p_root,r`."""
+    num_tips, sentinel_row, num_categories, _, interpret = consts
     children = [refs.children[b, row, k] for k in range(2)]
 
     def unscaled(r, widest):
@@ -76,16 +76,18 @@ def _post_order_node(b, row, t, consts, refs):
 
     root_sum = lax.fori_loop(0, num_categories, rescaled, jnp.zeros_like(scale))
     refs.log_scales[b, row, t, :] = jnp.log(scale)
-    refs.root_sums[jnp.where(row == refs.root_row[b], b, batch), t, :] = root_sum
+
+    @pl.when(row == refs.root_row[b])
+    def _():
+        refs.root_sums[b, t, :] = root_sum
 
 
 def _pre_order_node(b, w, row, t, real, consts, refs):
     """Row `row` as a parent: `s_i = q_k o P_j p_j` and `q_i = rescale(P_i^T s_i)` for both children; writes
     `s_i`, `p_i` and `g_c / n_c` (zero for padding) to slot `w` of the step's outputs."""
-    num_tips, sentinel_row, num_categories, _, _, interpret = consts
+    num_tips, sentinel_row, num_categories, _, interpret = consts
     children = [refs.children[b, row, k] for k in range(2)]
-    kept = [(c >= num_tips) & (c != num_tips + sentinel_row) for c in children]
-    targets = [jnp.where(k, c - num_tips, sentinel_row + 1) for k, c in zip(kept, children)]  # tips: a spare row
+    kept = [(c >= num_tips) & (c != num_tips + sentinel_row) for c in children]  # only internal children's q
 
     def unscaled(r, carry):
         norm, widest = carry
@@ -96,9 +98,13 @@ def _pre_order_node(b, w, row, t, real, consts, refs):
         for k in range(2):
             refs.s[b, w, k, t, r] = s[k]
             refs.p[b, w, k, t, r] = p[k]
+
+        def up(k):
             up = _dot(s[k], refs.transition[b, children[k], r])  # `P^T s` per pattern
-            refs.q[b, targets[k], t, r] = up
-            widest = widest[:k] + (jnp.maximum(widest[k], jnp.max(up, axis=1)),) + widest[k + 1:]
+            refs.q[b, children[k] - num_tips, t, r] = up
+            return jnp.maximum(widest[k], jnp.max(up, axis=1))
+
+        widest = tuple(lax.cond(kept[k], lambda k=k: up(k), lambda k=k: widest[k]) for k in range(2))
         return norm + jnp.sum(s[0] * m[0], axis=1), widest
 
     tile = refs.cotangent.shape[-1]
@@ -112,7 +118,10 @@ def _pre_order_node(b, w, row, t, real, consts, refs):
 
     def rescaled(r, carry):
         for k in range(2):
-            refs.q[b, targets[k], t, r] = refs.q[b, targets[k], t, r] / scales[k][:, None]
+            @pl.when(kept[k])
+            def _(k=k):
+                row = children[k] - num_tips
+                refs.q[b, row, t, r] = refs.q[b, row, t, r] / scales[k][:, None]
         return carry
 
     lax.fori_loop(0, num_categories, rescaled, 0)

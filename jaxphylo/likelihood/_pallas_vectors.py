@@ -51,8 +51,8 @@ def _tile_max(vectors):
 
 def _post_order_node(b, row, t, consts, refs):
     """Row `row` of tree b, pattern tile t: `p_k = (P_i x_i) o (P_j x_j)`, rescaled, and its log factor; at
-    the root also `sum_r w_r pi^T p_root,r`, the category sum (other rows write it to the spare row `B`)."""
-    num_tips, sentinel_row, num_categories, num_states, batch, _ = consts
+    the root also `sum_r w_r pi^T p_root,r`, the category sum."""
+    num_tips, sentinel_row, num_categories, num_states, _ = consts
     products = None
     for k in range(2):
         child = refs.children[b, row, k]
@@ -60,20 +60,22 @@ def _post_order_node(b, row, t, consts, refs):
         messages = [_times(refs.transition, b, child, r, x[r]) for r in range(num_categories)]
         products = messages if k == 0 else [[p * m for p, m in zip(ps, ms)] for ps, ms in zip(products, messages)]
     scale = _tile_max(products)
-    root_sum = 0.0
+    scaled = [[x / scale for x in per_state] for per_state in products]
     for r in range(num_categories):
         for i in range(num_states):
-            scaled = products[r][i] / scale
-            refs.partials[b, row, t, r, i, :] = scaled
-            root_sum = root_sum + (refs.weights[b, r] * refs.frequencies[b, i]) * scaled
+            refs.partials[b, row, t, r, i, :] = scaled[r][i]
     refs.log_scales[b, row, t, :] = jnp.log(scale)
-    refs.root_sums[jnp.where(row == refs.root_row[b], b, batch), t, :] = root_sum
+
+    @pl.when(row == refs.root_row[b])
+    def _():
+        refs.root_sums[b, t, :] = sum(refs.weights[b, r] * refs.frequencies[b, i] * scaled[r][i]
+                                      for r in range(num_categories) for i in range(num_states))
 
 
 def _pre_order_node(b, row, t, real, consts, refs):
-    """Row `row` as a parent: `s_i = q_k o P_j p_j`, `q_i = rescale(P_i^T s_i)` for both children, and
+    """Row `row` as a parent: `s_i = q_k o P_j p_j`, `q_i = rescale(P_i^T s_i)` for internal children, and
     `sum_c g_c s_i,c p_i,c^T / n_c` over the tile added to the row's `[2, C, S, S]` slot of `refs.d`."""
-    num_tips, sentinel_row, num_categories, num_states, _, _ = consts
+    num_tips, sentinel_row, num_categories, num_states, _ = consts
     parent = [[refs.q[b, row, t, r, i, :] for i in range(num_states)] for r in range(num_categories)]
     children = [refs.children[b, row, k] for k in range(2)]
     p = [_child_vectors(b, t, child, *consts[:4], refs.tips, refs.partials) for child in children]
@@ -90,13 +92,14 @@ def _pre_order_node(b, row, t, real, consts, refs):
                 for j in range(num_states):
                     # Added, not stored: padding steps revisit the root's block (adding zeros there).
                     refs.d[b, row, t, k, r, i, j] += jnp.sum(weighted[i] * p[k][r][j])
-        up = [_times(refs.transition, b, child, r, s[k][r], transpose=True) for r in range(num_categories)]
-        scale = _tile_max(up)
-        kept = (child >= num_tips) & (child != num_tips + sentinel_row)
-        target = jnp.where(kept, child - num_tips, sentinel_row + 1)  # tips and padding write a spare row
-        for r in range(num_categories):
-            for j in range(num_states):
-                refs.q[b, target, t, r, j, :] = up[r][j] / scale
+
+        @pl.when((child >= num_tips) & (child != num_tips + sentinel_row))  # only internal children's q is kept
+        def _(child=child, k=k):
+            up = [_times(refs.transition, b, child, r, s[k][r], transpose=True) for r in range(num_categories)]
+            scale = _tile_max(up)
+            for r in range(num_categories):
+                for j in range(num_states):
+                    refs.q[b, child - num_tips, t, r, j, :] = up[r][j] / scale
 
 
 def post_order_step(consts, refs):
