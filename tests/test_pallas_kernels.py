@@ -84,13 +84,11 @@ def test_pallas_blocks_equal_xla_passes(model, options, monkeypatch):
 
 
 def test_kernel_choice(monkeypatch):
-    """`auto` (the default) is Pallas on NVIDIA GPUs only: on this CPU, XLA; a misspelt choice is an error."""
+    """XLA unless `JAXPHYLO_KERNEL=pallas`; a misspelt choice is an error naming the variable."""
     monkeypatch.delenv(_pallas.KERNEL_ENV, raising=False)
-    assert _pallas.wanted(4) == _pallas._on_nvidia_gpu()
+    assert not _pallas.wanted(4)
     monkeypatch.setenv(_pallas.KERNEL_ENV, "pallas")
     assert _pallas.wanted(4) and _pallas.wanted(61) and _pallas.blocked(20) and not _pallas.blocked(4)
-    monkeypatch.setenv(_pallas.KERNEL_ENV, "xla")
-    assert not _pallas.wanted(4)
     monkeypatch.setenv(_pallas.KERNEL_ENV, "trition")
     with pytest.raises(jp.InputError, match="JAXPHYLO_KERNEL='trition'"):
         _pallas.wanted(4)

@@ -55,22 +55,15 @@ MAX_STATES = 64  # codons, padded to 64
 KERNEL_ENV = "JAXPHYLO_KERNEL"
 
 
-@functools.cache
-def _on_nvidia_gpu() -> bool:
-    return jax.default_backend() == "gpu" and "cuda" in jax.devices()[0].client.platform_version.lower()
-
-
 def wanted(states: int) -> bool:
-    """Whether the passes use the Pallas kernels for `states` states.
+    """Whether the passes use the Pallas kernels for `states` states: `JAXPHYLO_KERNEL=pallas` (default `xla`).
 
-    `JAXPHYLO_KERNEL` chooses: `pallas`, `xla`, or `auto` (the default): Pallas on an NVIDIA GPU, where on
-    an H100 they are 1.2-1.5x faster on single trees and 2.4-3.3x on batches (README, "Pallas kernels"),
-    XLA elsewhere (on a CPU Pallas only interprets; the public functions use the C++ kernels there)."""
-    choice = os.environ.get(KERNEL_ENV, "auto").lower()
-    if choice not in ("auto", "pallas", "xla"):
-        raise InputError(f"{KERNEL_ENV}={choice!r}: expected 'auto', 'pallas' or 'xla'")
-    if choice == "auto":
-        choice = "pallas" if _on_nvidia_gpu() else "xla"
+    Opt-in. On an H100 they are 1.15-1.5x faster on single trees and 2.4-3.3x on batches of trees (MC³), but
+    NUTS with 4 chains under `vmap` took 4.1 ms per gradient step against XLA's 2.1, and Triton compiles
+    each program 2-6x longer (README, "Pallas kernels")."""
+    choice = os.environ.get(KERNEL_ENV, "xla").lower()
+    if choice not in ("pallas", "xla"):
+        raise InputError(f"{KERNEL_ENV}={choice!r}: expected 'pallas' or 'xla'")
     return choice == "pallas" and states <= MAX_STATES
 
 
