@@ -104,3 +104,22 @@ def test_pallas_walk_equals_steps(monkeypatch):
     np.testing.assert_allclose(walked[0], steps[0], rtol=1e-12)
     for got, want in zip(walked[1], steps[1]):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(want))))
+
+
+def test_vmap_over_chains_equals_xla(monkeypatch):
+    """`vmap` (NUTS's vectorised chains) through the kernels, with the tips' data shared and mapped, equals the
+    XLA passes under the same `vmap`. (Folding the mapped axis into the kernels' tree axis with `custom_vmap`
+    instead of Pallas's batching rule was tried: NUTS on an H100 took 4.10 ms per gradient step either way.)"""
+    arrays, weights, schedule = _problem(taxa=4, patterns=60, trees=1, model="HKY{2.5}+F{0.3,0.2,0.2,0.3}")
+    transition, pi, w, codes, table = arrays
+    chains = jnp.stack([transition, transition ** 1.1])  # two chains' matrices
+    for table_axis, tables in ((None, table), (0, jnp.stack([table, table * 0.5]))):
+        results = []
+        for kernel in ("xla", "pallas"):
+            total = _total(kernel, monkeypatch)
+            mapped = jax.vmap(lambda t, tab: total(t, pi, w, codes, tab, weights, schedule), in_axes=(0, table_axis))
+            results.append(mapped(chains, tables))
+        (value, grads), (pallas_value, pallas_grads) = results
+        np.testing.assert_allclose(pallas_value, value, rtol=1e-12)
+        for got, want in zip(pallas_grads, grads):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(want))))
