@@ -151,9 +151,12 @@ def exact_topology_posterior(alignment, draws=10_000, seed=0):
 
 
 def _kernel_lengths(tree, lengths):
-    """Edge lengths of `tree` (its own branch order) placed where its kernel batch keeps them."""
-    trees = [tree.with_branch_lengths(row) for row in lengths]
-    return np.asarray(jp.TreeBatch.from_trees(trees).branch_lengths)
+    """Edge lengths of `tree` (its own branch order) placed where its kernel batch keeps them: `from_trees`
+    gathers a tree's lengths by its topology alone, so the gather is read off once, from the lengths 1, 2, ...
+    (what `from_trees` of every row gives, without building 10,000 trees)."""
+    marked = jp.TreeBatch.from_trees([tree.with_branch_lengths(np.arange(1.0, lengths.shape[1] + 1))])
+    source = np.rint(np.asarray(marked.branch_lengths[0])).astype(int) - 1  # -1: a length fixed at 0
+    return np.where(source >= 0, lengths[:, np.maximum(source, 0)], 0.0)
 
 
 def test_five_taxon_posterior_matches_numerical_integration(five_taxa):
