@@ -13,6 +13,9 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 def test_notebook_executes(path, monkeypatch):
     monkeypatch.setenv("JAXPHYLO_QUICK", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    # A kernel compiles nothing another process did: the tests' compilation cache (conftest) would only add the
+    # cost of writing its entries (20 s for 03_dated_phylodynamics).
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
