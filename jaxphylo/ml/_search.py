@@ -87,13 +87,19 @@ class SearchSettings:
             raise InputError(f"perturbation must be in (0, 1], got {self.perturbation}")
 
 
+def _strongly_typed(tree):
+    """Floating leaves without JAX's weak type: a parsed model's weak `kappa` and a fitted model's strong one
+    would otherwise trace every jitted step of a search twice (one L-BFGS program: ~10 s to compile)."""
+    return jax.tree.map(lambda x: jnp.asarray(x, x.dtype) if eqx.is_inexact_array(x) else x, tree)
+
+
 class Problem(eqx.Module):
     """What every step of a search needs: model, pattern data, per-tree pattern weights, fixed-branch mask.
 
     A `PartitionedModel` comes with `PartitionedData`: its parts' patterns side by side, the weights too.
     """
 
-    model: Model | PartitionedModel
+    model: Model | PartitionedModel = eqx.field(converter=_strongly_typed)
     data: object  # PatternData, or PartitionedData
     weights: jax.Array  # [B or 1, patterns]
     widths: tuple[int, ...] = eqx.field(static=True)
