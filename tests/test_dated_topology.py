@@ -367,3 +367,23 @@ def test_sample_with_a_yule_or_birth_death_prior(tmp_path, capsys):
                      str(tmp_path / "dates.tsv"), "--dry-run", "--out", str(tmp_path / "bad")]) == 2
     error = capsys.readouterr().err.strip()
     assert "contemporaneous" in error and "--tree-prior coalescent" in error and "\n" not in error
+
+
+def test_summary_tree_with_a_child_above_its_parent_is_valid_newick():
+    """An MCC tree's median heights can put a node above its parent (short runs): the Newick must still hold
+    every tip once, with that branch clipped to zero (a height sort had dropped a child and left `,)`)."""
+    from io import StringIO
+
+    from Bio import Phylo
+
+    from jaxphylo.inference._time_tree_summary import time_tree_newick
+
+    parents = np.array([4, 4, 5, 6, 5, 6, -1])  # ((0,1)4,2)5,3)6
+    heights = np.array([0.0, 0.0, 0.0, 0.0, 2.0, 1.5, 3.0])  # node 4 above its parent 5
+    newick = time_tree_newick(parents, heights)
+    tree = Phylo.read(StringIO(newick + ";"), "newick")
+    assert sorted(c.name for c in tree.get_terminals()) == ["1", "2", "3", "4"]
+    assert "," + ")" not in newick
+    lengths = {c.name: c.branch_length for c in tree.get_terminals()}
+    assert lengths["1"] == lengths["2"] == 2.0 and lengths["4"] == 3.0
+    assert min(c.branch_length for c in tree.find_clades() if c.branch_length is not None) == 0.0

@@ -157,12 +157,35 @@ def rooted_time_tree(parents: Int[np.ndarray, " M"], heights: Float[np.ndarray, 
     return height_ordered_tree(parents, heights, taxa)[0]
 
 
+def _children_first(parents) -> list[int]:
+    """Every node after all of its descendants (a post-order by repeated passes over the parent array)."""
+    parents = np.asarray(parents)
+    pending = np.bincount(parents[parents >= 0], minlength=len(parents))  # children not yet visited
+    ready = [v for v in range(len(parents)) if pending[v] == 0]
+    visited = []
+    while ready:
+        node = ready.pop()
+        visited.append(node)
+        if parents[node] >= 0:
+            pending[parents[node]] -= 1
+            if pending[parents[node]] == 0:
+                ready.append(int(parents[node]))
+    return visited
+
+
 def height_ordered_tree(parents, heights, taxa) -> tuple[Tree, np.ndarray]:
-    """`rooted_time_tree` and `order`, the old id of every new node (tips keep theirs; heights only increase
-    towards the root, so sorting the internal nodes by height puts children first)."""
+    """`rooted_time_tree` and `order`, the old id of every new node: tips keep theirs, internal nodes follow
+    sorted by height, children first. Summary heights (an MCC tree's medians) may put a child above its
+    parent: the sort key is then the highest height below each node, ties broken by the node's level, and
+    that branch's duration comes out negative for the caller to handle."""
     parents, heights = np.asarray(parents), np.asarray(heights, float)
     n = len(taxa)
-    order = np.concatenate([np.arange(n), n + np.argsort(heights[n:], kind="stable")])
+    key, level = heights.copy(), np.zeros(len(parents), int)
+    for node in _children_first(parents):
+        if parents[node] >= 0:
+            key[parents[node]] = max(key[parents[node]], key[node])
+            level[parents[node]] = max(level[parents[node]], level[node] + 1)
+    order = np.concatenate([np.arange(n), n + np.lexsort((level[n:], key[n:]))])
     new_id = np.empty(len(parents), int)
     new_id[order] = np.arange(len(parents))
     parent = tuple(int(new_id[parents[v]]) if parents[v] >= 0 else -1 for v in order)
