@@ -79,7 +79,8 @@ def _backward(static_steps, saved, pattern_cotangent):
             d_transition = _pallas.transition_cotangents(transition, root_frequencies, category_weights, partials,
                                                          pattern_cotangent, schedule, static_steps)
             root = _pallas.root_partials(partials, schedule, patterns, states)
-            d_root, d_weights = _root_cotangents(pattern_cotangent, root, root_frequencies, category_weights)
+            d_root, d_weights = _root_cotangents(pattern_cotangent, root, root_frequencies, category_weights,
+                                                 _pallas.root_sums(partials, patterns))
             return d_transition, d_root, d_weights, None, None, None
         partials = _pallas.untiled(partials.partials, patterns, states)  # the tip table's cotangent: the XLA pass
     visit = transition_cotangent_visitor(pattern_cotangent, num_tips, table_wanted)
@@ -99,9 +100,12 @@ def _backward(static_steps, saved, pattern_cotangent):
     return d_transition, d_root, d_weights, None, d_table, None
 
 
-def _root_cotangents(pattern_cotangent, root: Float[Array, "B C patterns S"], root_frequencies, category_weights):
-    """Cotangents of `pi` and `w` from the rescaled root partials (the common factor cancels in the ratio)."""
-    ratio = pattern_cotangent / root_sum(root, root_frequencies, category_weights)
+def _root_cotangents(pattern_cotangent, root: Float[Array, "B C patterns S"], root_frequencies, category_weights,
+                     sums: Float[Array, "B patterns"] | None = None):
+    """Cotangents of `pi` and `w` from the rescaled root partials (the common factor cancels in the ratio);
+    `sums`, their `root_sum`, when the forward pass kept it (the Pallas kernels)."""
+    sums = root_sum(root, root_frequencies, category_weights) if sums is None else sums
+    ratio = pattern_cotangent / sums
     d_root = jnp.einsum("bp,bc,bcps->bs", ratio, category_weights, root, precision=product_precision())
     d_weights = jnp.einsum("bp,bs,bcps->bc", ratio, root_frequencies, root, precision=product_precision())
     return d_root, d_weights
