@@ -52,6 +52,7 @@ DNA_MODELS = [
 ]
 PROTEIN_MODELS = list(EMPIRICAL_MODELS) + [
     "LG+F", "LG+FQ", "LG+FU", "WAG+F{" + ",".join(["0.08", "0.02"] + ["0.05"] * 18) + "}", "Q.pfam+I{0.2}+G4{0.5}",
+    "Q.pfam_gb+F", "mtInv+I{0.2}+G4{0.7}", "Poisson+G4{0.5}",
 ]
 
 
@@ -124,6 +125,18 @@ def test_amino_acid_models_against_iqtree(model, protein_case, tmp_path):
     reference, _ = iqtree(protein_case[1], protein_case[3], model, tmp_path, data_type="AA")
     ours = _ours(protein_case, model)
     assert abs(ours - reference) < 1e-4, (model, ours, reference)
+
+
+def test_every_matrix_is_a_modelfinder_candidate():
+    """`--mset` takes every matrix, in any case; the default list is IQ-TREE 2.0.7's 21 (its `-m MF` log)."""
+    from jaxphylo.ml._model_selection import default_candidates
+
+    protein = jp.Alignment(("a", "b", "c"), ("ARND",) * 3, jp.PROTEIN)
+    names = [c.name for c in default_candidates(protein, mset=",".join(m.lower() for m in EMPIRICAL_MODELS), mrate="E")]
+    assert names == [n for m in EMPIRICAL_MODELS for n in (m, m + "+F")]
+    assert [c.base for c in default_candidates(protein, mrate="E")][::2] == [
+        "LG", "WAG", "JTT", "JTTDCMut", "DCMut", "VT", "PMB", "Blosum62", "Dayhoff", "mtREV", "mtART", "mtZOA",
+        "mtMet", "mtVer", "mtInv", "mtMAM", "HIVb", "HIVw", "FLU", "rtREV", "cpREV"]
 
 
 def _needs_class_rate_priors(model):

@@ -87,9 +87,9 @@ _EQUAL_IN_IQTREE = {"SYM", "TVMe", "TIM3e", "TIM2e", "TIMe", "K3P", "TNe", "K2P"
 _DNA_ALIASES = {**{name.upper(): name for name in DNA_ORDER}, "JC69": "JC", "K80": "K2P", "HKY85": "HKY",
                 "TN93": "TN", "TRN": "TN", "K81": "K3P", "K81U": "K3Pu", "TPM1": "K3P", "TPM1U": "K3Pu", "REV": "GTR",
                 "TIM1": "TIM", "TIM1E": "TIMe"}
-# IQ-TREE 2.0.7's protein list, in its order, less mtMet, mtVer and mtInv (not among EMPIRICAL_MODELS).
+# IQ-TREE 2.0.7's default protein list, in its order (its `-m MF` log); `--mset` may name any of EMPIRICAL_MODELS.
 PROTEIN_ORDER = ("LG", "WAG", "JTT", "JTTDCMut", "DCMut", "VT", "PMB", "Blosum62", "Dayhoff", "mtREV", "mtART",
-                 "mtZOA", "mtMAM", "HIVb", "HIVw", "FLU", "rtREV", "cpREV")
+                 "mtZOA", "mtMet", "mtVer", "mtInv", "mtMAM", "HIVb", "HIVw", "FLU", "rtREV", "cpREV")
 _PROTEIN_ALIASES = {name.upper(): name for name in EMPIRICAL_MODELS}
 _RATE_ALIASES = {"E": "", "I": "+I", "G": "+G4", "G4": "+G4", "I+G": "+I+G4", "I+G4": "+I+G4"}
 _PAIRS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))

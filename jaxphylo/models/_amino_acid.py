@@ -4,7 +4,8 @@ Each model is a text file in `_empirical/` named after it: comment lines (`#`,
 naming the paper and where the numbers were taken from), then the 190
 exchangeabilities `R_ij` of the lower triangle row by row (R_RA; R_NA R_NR; ...)
 and the model's 20 frequencies. `Q_ij = R_ij pi_j`, normalised to one
-substitution per unit time (the scale of `R` is irrelevant).
+substitution per unit time (the scale of `R` is irrelevant). `Poisson` is a file
+too: every exchangeability 1 and every frequency 1/20.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from .._errors import ModelError
 from ._base import SubstitutionModel
 
 EMPIRICAL_MODELS = (
-    "LG", "WAG", "JTT", "Dayhoff", "DCMut", "JTTDCMut", "mtREV", "mtMAM", "mtART", "mtZOA", "cpREV", "rtREV",
-    "VT", "Blosum62", "PMB", "HIVb", "HIVw", "FLU", "Q.pfam", "Q.plant", "Q.yeast", "Q.insect", "Q.mammal", "Q.bird",
+    "LG", "WAG", "JTT", "Dayhoff", "DCMut", "JTTDCMut", "mtREV", "mtMAM", "mtART", "mtZOA", "mtMet", "mtVer", "mtInv",
+    "cpREV", "rtREV", "VT", "Blosum62", "PMB", "HIVb", "HIVw", "FLU", "FLAVI", "Q.pfam", "Q.pfam_gb", "Q.LG",
+    "Q.plant", "Q.yeast", "Q.insect", "Q.mammal", "Q.bird", "Poisson",
 )
 
 

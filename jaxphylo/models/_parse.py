@@ -38,7 +38,7 @@ _FREE_COUNTERPART = {"JC69": "F81", "K80": "HKY85", "TNe": "TN93", "K3P": "K3Pu"
 _FREQUENCY_TERMS = ("F", "FO", "FQ", "FU")
 _CODON_FREQUENCY_TERMS = ("F1X4", "F3X4")
 _TERM = re.compile(r"^([A-Za-z][A-Za-z0-9]*?)(\d*)(?:\{([^{}]*)\})?$")
-_BASE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9.]*)()(?:\{([^{}]*)\})?$")
+_BASE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._]*)()(?:\{([^{}]*)\})?$")  # `_`: Q.pfam_gb
 _MEDIAN_GAMMA = re.compile(r"^G(\d*)M$")  # `_TERM` reads +G4m as the name `G4m`: its digits sit inside
 _RATE_KINDS = {"G": "gamma_shape", "GM": "gamma_shape", "I": "proportion_invariant", "R": "free_rates"}
 
@@ -54,7 +54,7 @@ def parse_model(string: str, alignment: Alignment | None = None, genetic_code: i
     the rate of GT's class (otherwise 1). JC69, K80, TNe, K3P, TPM2, TPM3, TIMe,
     TIM2e, TIM3e, TVMe and SYM have equal frequencies by definition: as in
     IQ-TREE 2 a frequency term leaves them equal, and `+F{...}` is an error.
-    Protein: `EMPIRICAL_MODELS` (LG, WAG, JTT, Dayhoff, ..., Q.bird).
+    Protein: `EMPIRICAL_MODELS` (LG, WAG, JTT, Dayhoff, ..., Q.bird, Poisson).
     Codons: GY94 (values `kappa`, `omega`, named or in that order).
 
     Frequency terms: `+F` empirical (from `alignment`; F61 for codons), `+FO`
