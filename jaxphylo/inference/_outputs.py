@@ -160,21 +160,31 @@ def write_summary(out: Path, rows: list[dict]) -> str:
 
 
 def write_inference_data(out: Path, draws: Draws) -> Path:
-    """ArviZ InferenceData as NetCDF: posterior, sample stats and the log-likelihood."""
-    import warnings
+    """ArviZ's NetCDF layout (one HDF5 group per InferenceData group): posterior, sample stats and
+    the log-likelihood.
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # ArviZ announces its 1.0 refactor on import
-        import arviz as az
+    Written with xarray and h5netcdf, not ArviZ: ArviZ 0.2x (`InferenceData`) and 1.x (xarray's
+    `DataTree`) share no writing API, but both read this file with `arviz.from_netcdf`. Dimensions
+    follow ArviZ's convention (`chain`, `draw`, then `<name>_dim_<k>`); no time stamps, so equal
+    runs write equal bytes."""
+    import xarray as xr
 
     stats = {"lp": draws.stats["posterior"], "diverging": draws.stats["diverging"].astype(bool),
              "n_steps": draws.stats["num_steps"], "acceptance_rate": draws.stats["accept_prob"]}
-    data = az.from_dict(posterior=dict(draws.samples), sample_stats=stats,
-                        log_likelihood={"alignment": draws.stats["likelihood"]})
-    for group in data.groups():
-        data[group].attrs.pop("created_at", None)  # equal runs write equal bytes
+    groups = {"posterior": dict(draws.samples), "sample_stats": stats,
+              "log_likelihood": {"alignment": draws.stats["likelihood"]}}
     path = out / "posterior.nc"
-    data.to_netcdf(str(path))
+    path.unlink(missing_ok=True)
+    for group, variables in groups.items():
+        arrays = {}
+        for name, values in variables.items():
+            values = np.asarray(values)
+            dims = ("chain", "draw") + tuple(f"{name}_dim_{k}" for k in range(values.ndim - 2))
+            arrays[name] = xr.DataArray(values, dims=dims)
+        chains, draws_per_chain = np.asarray(next(iter(variables.values()))).shape[:2]
+        dataset = xr.Dataset(arrays, coords={"chain": np.arange(chains), "draw": np.arange(draws_per_chain)},
+                             attrs={"inference_library": "jaxphylo"})
+        dataset.to_netcdf(path, group=group, mode="a" if path.exists() else "w", engine="h5netcdf")
     return path
 
 

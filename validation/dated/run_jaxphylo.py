@@ -90,7 +90,7 @@ def main() -> None:
               "burnin_fraction": result.burnin, "columns": {}, "ess_per_hour": {}, "ess_per_hour_without_compile": {}}
     for name in result.samples.names:
         values = result.samples.column(name, result.burnin)  # [chains, draws]
-        ess = float(sum(arviz.ess(np.asarray(chain), method="bulk") for chain in values))
+        ess = float(sum(arviz.ess(np.asarray(chain)[np.newaxis], method="bulk") for chain in values))
         low, high = hpd(values.ravel())
         record["columns"][name] = {"median": float(np.median(values)), "mean": float(np.mean(values)),
                                    "sd": float(np.std(values)), "hpd_95": [low, high], "ess": ess}

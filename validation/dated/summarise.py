@@ -73,9 +73,11 @@ def column_summary(x):
     if x.size >= 4 and np.ptp(x) > 0:
         import arviz
 
-        lo, hi = arviz.hdi(x, hdi_prob=0.95)
+        # ArviZ 1.x renamed `hdi_prob` to `prob`, and its `ess` takes [chain, draw] arrays only
+        probability = "prob" if int(arviz.__version__.split(".")[0]) >= 1 else "hdi_prob"
+        lo, hi = arviz.hdi(x, **{probability: 0.95})
         out["hpd95"] = [float(lo), float(hi)]
-        ess = float(arviz.ess(x, method="bulk"))
+        ess = float(arviz.ess(x[np.newaxis], method="bulk"))
         out["ess"] = ess if math.isfinite(ess) else None
     else:
         out["hpd95"] = [float(np.min(x)), float(np.max(x))]
