@@ -13,9 +13,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxphylo._schedule import branch_index
+from jaxphylo.tree import branch_index, trim_slots
 from jaxphylo.likelihood import _peeling
-from jaxphylo._schedule import trim_slots
 from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, schedule_for
 from likelihood import make_case
 

@@ -7,7 +7,7 @@ import time, statistics, sys
 sys.path.insert(0, ".")
 import jax, jax.numpy as jnp, equinox as eqx
 import likelihood as bench
-from jaxphylo._schedule import branch_index
+from jaxphylo.tree import branch_index
 from jaxphylo.likelihood._api import schedule_for
 tree, model, data = bench.make_case("primates_mtDNA", 12, 413)
 dtype = jnp.float64

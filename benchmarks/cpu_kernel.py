@@ -36,7 +36,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import jaxphylo as jp  # noqa: E402
-from jaxphylo._schedule import branch_index  # noqa: E402
+from jaxphylo.tree import branch_index  # noqa: E402
 from jaxphylo.likelihood import _cpu_kernel, _kernel  # noqa: E402
 from jaxphylo.likelihood._api import PatternData, kernel_arrays, layout_lengths, schedule_for  # noqa: E402
 

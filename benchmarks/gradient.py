@@ -26,7 +26,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from jaxphylo._schedule import branch_index
+from jaxphylo.tree import branch_index
 from jaxphylo.likelihood._api import _pattern_log_likelihoods, schedule_for, exact_steps
 
 from _common import SHARED_DATA, beagle_reference, device_record, save

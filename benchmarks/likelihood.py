@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxphylo as jp
-from jaxphylo._schedule import branch_index
+from jaxphylo.tree import branch_index
 from jaxphylo.likelihood._api import PatternData, _pattern_log_likelihoods, schedule_for
 
 from _common import SHARED_DATA, beagle_reference, device_record, real_case, save, time_call

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jax, jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
 import likelihood as bench
-from jaxphylo._schedule import branch_index
+from jaxphylo.tree import branch_index
 from jaxphylo.likelihood import _kernel, _pallas
 from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, schedule_for
 

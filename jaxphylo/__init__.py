@@ -13,10 +13,8 @@ from ._alphabet import DNA, PROTEIN, Alphabet, codon_alphabet  # noqa: E402
 from ._distances import distances  # noqa: E402
 from ._examples import example_paths  # noqa: E402
 from ._errors import InputError, JaxphyloError, ModelError  # noqa: E402
-from ._neighbor_joining import bionj, neighbor_joining  # noqa: E402
-from ._schedule import Schedule, build_schedule  # noqa: E402
+from .tree import Schedule, Topology, Tree, TreeBatch, bionj, build_schedule, neighbor_joining  # noqa: E402
 from ._simulate import random_topology_tree, simulate  # noqa: E402
-from ._tree import Topology, Tree, TreeBatch  # noqa: E402
 from .io import PartitionScheme, parse_newick, read_alignment, read_partitions, read_tree, write_tree  # noqa: E402
 from .likelihood import (  # noqa: E402
     ancestral_marginals, branch_length_derivatives, log_likelihood, pattern_log_likelihoods,

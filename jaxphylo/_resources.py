@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import JaxphyloError
-from ._tree import Tree, TreeBatch
+from .tree import Tree, TreeBatch
 from .likelihood import batch_data_log_likelihoods
 from .likelihood._api import PRECISIONS
 

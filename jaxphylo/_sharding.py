@@ -53,7 +53,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Float, Int
 
 from ._errors import InputError
-from ._tree import Tree, TreeBatch
+from .tree import Tree, TreeBatch
 from .likelihood._api import PRECISIONS, PatternData, batch_data_log_likelihoods, data_log_likelihood
 from .models import Model
 

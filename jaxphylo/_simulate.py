@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._alignment import Alignment
-from ._tree import Topology, Tree
+from .tree import Topology, Tree
 from .models import Model
 
 

@@ -184,7 +184,7 @@ def internal_state_terms(alignment, tree, model):
 def check_spr_scores(alignment, model, data, trees, lengths, radius: int, log_l):
     """Every pruning's best regraft of `trees[0]`, built as a tree with its three fitted branches, has the log L
     that `spr_scores` gave it (`log_l(parents, lengths)` evaluates a batch of kernel trees)."""
-    from jaxphylo._schedule import phase_widths
+    from jaxphylo.tree import phase_widths
     from jaxphylo.ml._spr import regrafted_tree, spr_scores
 
     n = len(alignment.taxa)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxphylo as jp
-from jaxphylo._schedule import branch_index, device_schedule, phase_widths
+from jaxphylo.tree import branch_index, device_schedule, phase_widths
 from jaxphylo.likelihood import _cpu_kernel, _kernel
 from jaxphylo.likelihood._api import batch_layout_lengths, kernel_arrays, layout_lengths, pattern_data
 

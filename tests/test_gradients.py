@@ -10,7 +10,7 @@ from jax.flatten_util import ravel_pytree
 import jaxphylo as jp
 from conftest import internal_state_terms
 from jaxphylo.likelihood import _kernel, _peeling
-from jaxphylo._schedule import branch_index
+from jaxphylo.tree import branch_index
 from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, pattern_data
 
 # Every parameter type of every model family, with +G, +I and +R.

@@ -17,7 +17,7 @@ from jaxphylo.inference import (
     Analysis, BirthDeath, ConstantCoalescent, GammaDirichlet, PhyloCTMC, Skygrid, Yule, heights_to_ratios,
     prepare, ratio_log_jacobian, ratios_to_heights, time_tree,
 )
-from jaxphylo.inference._time_tree import all_heights
+from jaxphylo.tree import all_heights
 
 
 def dated_tree(num_tips=9, seed=1):

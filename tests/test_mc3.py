@@ -20,7 +20,7 @@ import jaxphylo as jp
 from jaxphylo._checkpoint import Interrupted
 from jaxphylo.inference._mc3 import MC3Settings
 from jaxphylo.inference._mc3_run import mc3
-from jaxphylo.ml._support import _kernel_splits
+from jaxphylo.tree import kernel_splits
 
 from conftest import StopAfter, sigterm_at_random_moment
 
@@ -28,7 +28,7 @@ TAXA = tuple(f"t{i}" for i in range(5))
 
 
 def topology_key(parent, taxa=TAXA):
-    return frozenset(s for s in _kernel_splits(np.asarray(parent), taxa) if s is not None)
+    return frozenset(s for s in kernel_splits(np.asarray(parent), taxa) if s is not None)
 
 
 def prior_run(moves, model="JC", samples=2000, tune=0, branch_rate=10.0):

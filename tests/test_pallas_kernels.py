@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxphylo as jp
-from jaxphylo._schedule import device_schedule, phase_widths
+from jaxphylo.tree import device_schedule, phase_widths
 from jaxphylo.likelihood import _kernel, _pallas, _peeling
 from jaxphylo.likelihood._api import PatternData, batch_layout_lengths, model_arrays
 

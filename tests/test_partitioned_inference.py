@@ -19,7 +19,7 @@ from conftest import check_spr_scores, require
 
 import jaxphylo as jp
 from jaxphylo import ml
-from jaxphylo._schedule import phase_widths
+from jaxphylo.tree import phase_widths
 from jaxphylo.io import read_partitions
 from jaxphylo.likelihood._api import _batch_pattern_log_likelihoods
 from jaxphylo.ml._newton import node_branch_derivatives

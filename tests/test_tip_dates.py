@@ -24,7 +24,7 @@ from jaxphylo.inference import (
 )
 from jaxphylo.inference._outputs import _columns, column_labels, tip_height_draws
 from jaxphylo.inference._runner import Draws
-from jaxphylo.inference._time_tree import all_heights
+from jaxphylo.tree import all_heights
 from jaxphylo.io import TipDates, parse_date, read_tip_dates, tip_dates_from_names
 
 

@@ -9,9 +9,8 @@ from ._distribution import PhyloCTMC
 from ._mc3 import MC3Settings
 from ._mc3_run import MC3Result, mc3
 from ._model_priors import MRBAYES_PRIORS, default_priors, initial_values, sample_model
-from ._time_tree import (
-    TimeTree, branch_durations, heights_from_tree, heights_to_ratios, node_anchors, ratio_log_jacobian,
-    ratios_to_heights, start_heights, time_tree, with_sampled_tips,
+from ..tree import (
+    TimeTree, branch_durations, heights_from_tree, heights_to_ratios, node_anchors, ratio_log_jacobian, ratios_to_heights, start_heights, time_tree, with_sampled_tips,
 )
 from ._tree_priors import (
     BirthDeath, ConstantCoalescent, GammaDirichlet, NodeHeightPrior, NodeHeights, RatioTransform, Skygrid, Yule,

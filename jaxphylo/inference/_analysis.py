@@ -34,7 +34,7 @@ from numpyro.distributions import constraints
 from .._alignment import Alignment
 from .._distances import distances
 from .._errors import ModelError
-from .._tree import Tree
+from ..tree import TimeTree, Tree, branch_durations, start_heights, time_tree, with_sampled_tips
 from ..io import TipDates, read_partitions, to_dendropy
 from ..io._tree_files import _from_dendropy
 from ..likelihood import pattern_data
@@ -43,7 +43,6 @@ from ..models import PartitionedModel, PartsEstimated, estimated_parameters, par
 from ..models._partitioned import LINKS
 from ._distribution import PhyloCTMC
 from ._model_priors import MRBAYES_PRIORS, initial_values, sample_model
-from ._time_tree import TimeTree, branch_durations, start_heights, time_tree, with_sampled_tips
 from ._tree_priors import BirthDeath, ConstantCoalescent, GammaDirichlet, Skygrid, Yule
 
 CLOCKS = (None, "strict", "relaxed")

@@ -25,10 +25,9 @@ import numpy as np
 from .._alignment import Alignment
 from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._errors import InputError, ModelError
-from .._schedule import phase_widths
+from ..tree import Tree, phase_widths, start_heights, time_tree
 from .._simulate import random_topology_tree
 from .._sharding import to_host
-from .._tree import Tree
 from ..likelihood._api import PRECISIONS, max_step_width, pattern_data
 from ..ml._fit import resolve_model
 from ..ml._parameters import ModelCoordinates
@@ -38,7 +37,6 @@ from ._dated_mcmc import DATED_MOVES, SPECIATION_PRIORS, DatedPosterior, DatedSe
 from ._dated_start import start_time_tree
 from ._mc3 import state_from_numpy, state_to_numpy
 from ._mc3_run import _check_run_folder, _OutputFiles as _RunFiles, _parameter_names, describe_priors
-from ._time_tree import start_heights, time_tree
 from ._mc3_summary import nexus_header
 from ._time_tree_summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
 

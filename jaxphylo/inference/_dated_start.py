@@ -25,8 +25,7 @@ from jaxtyping import Float, Int
 
 from .._alignment import Alignment
 from .._distances import distances
-from .._neighbor_joining import bionj
-from .._tree import Topology, Tree
+from ..tree import Topology, Tree, bionj
 
 
 def start_time_tree(alignment: Alignment, tip_heights: Float[np.ndarray, " tips"], fallback_rate: float):

@@ -13,7 +13,7 @@ from numpyro.distributions import Distribution, constraints
 
 from .._alignment import Alignment
 from .._errors import InputError, ModelError
-from .._tree import Tree
+from ..tree import Tree
 from ..likelihood import PatternData, data_log_likelihood, pattern_data
 from ..models import Model, PartitionedModel, partitioned_data, partitioned_data_log_likelihoods
 from ..models._partitioned import PartitionedData, grouped_data

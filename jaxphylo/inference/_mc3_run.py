@@ -24,7 +24,7 @@ import numpyro.distributions as dist
 from .._alignment import Alignment
 from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._errors import InputError
-from .._schedule import phase_widths
+from ..tree import phase_widths
 from .._sharding import place_batch, place_data, replicate, to_host
 from .._simulate import random_topology_tree
 from ..likelihood._api import PRECISIONS, max_step_width

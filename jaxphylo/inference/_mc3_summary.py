@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpyro.diagnostics import effective_sample_size, gelman_rubin
 
-from .._tree import TreeBatch
-from ..ml._support import _kernel_splits
+from ..tree import TreeBatch
+from ..tree import kernel_splits
 from ._outputs import _newick
 
 
@@ -51,7 +51,7 @@ class RunSamples:
 
 def sample_splits(parent: np.ndarray, lengths: np.ndarray, taxa) -> dict:
     """`{split: edge length}` of a kernel tree rooted on tip 0's edge (the root's zero branch carries none)."""
-    found = _kernel_splits(parent, tuple(taxa))
+    found = kernel_splits(parent, tuple(taxa))
     return {split: float(lengths[node]) for node, split in enumerate(found) if split is not None}
 
 

@@ -8,9 +8,8 @@ import numpy as np
 from numpyro.diagnostics import hpdi
 from numpyro.diagnostics import summary as numpyro_summary
 
-from .._tree import Topology
+from ..tree import TimeTree, Topology
 from ._runner import Draws
-from ._time_tree import TimeTree
 
 # standard-normal auxiliaries of non-centred parameterisations; sampled tip heights (their dates are logged)
 HIDDEN = ("rate_z", "skygrid_steps", "tip_heights_free")

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._errors import InputError
-from .._tree import Topology, Tree
+from ..tree import Topology, Tree
 from ._alignment_files import read_text
 
 

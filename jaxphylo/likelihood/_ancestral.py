@@ -8,8 +8,7 @@ from jaxtyping import Array, Float
 
 from .._alignment import Alignment
 from .._errors import InputError
-from .._schedule import Schedule
-from .._tree import Tree
+from ..tree import Schedule, Tree
 from ..models import Model
 from ._api import PatternData, kernel_arrays, layout_lengths, prepare
 from ._peeling import post_order_partials

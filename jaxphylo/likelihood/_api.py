@@ -10,8 +10,7 @@ from jaxtyping import Array, Float, Int
 
 from .._alignment import Alignment
 from .._errors import InputError, ModelError
-from .._schedule import Schedule, branch_index, build_schedule, device_schedule, phase_widths, trim_slots
-from .._tree import Tree, TreeBatch
+from ..tree import Schedule, Tree, TreeBatch, branch_index, build_schedule, device_schedule, phase_widths, trim_slots
 from ..models import Model
 from . import _cpu_kernel
 from . import _kernel as _kernel_module

@@ -47,7 +47,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from .._schedule import Schedule
+from ..tree import Schedule
 
 _FOLDER = Path(__file__).resolve().with_name("_cpu")
 _TARGETS = {"post": "jaxphylo_post_order", "pre": "jaxphylo_pre_order_cotangents",

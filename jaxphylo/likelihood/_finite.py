@@ -84,7 +84,7 @@ def require_finite(value, *, model, tree, per_pattern=None, gradient=None, where
 
 def check_start(data, tree, model, precision: str = "float64", where: str = "starting log-likelihood") -> float:
     """The log-likelihood of pattern `data` on `tree` under `model`, once it and its gradient are known finite."""
-    from .._schedule import branch_index
+    from ..tree import branch_index
     from ._api import PRECISIONS, PatternData, _pattern_log_likelihoods, data_log_likelihood, schedule_for
 
     def total(lengths, model):

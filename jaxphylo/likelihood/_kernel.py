@@ -19,7 +19,7 @@ from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jaxtyping import Array, Float, Int
 
 from .._precision import product_precision
-from .._schedule import Schedule
+from ..tree import Schedule
 from . import _pallas
 from ._peeling import log_likelihoods_from, post_order_partials, root_sum
 from ._preorder import pre_order_partials, transition_cotangent_visitor

@@ -42,7 +42,7 @@ from jaxtyping import Array, Float, Int
 
 from .._errors import InputError
 from .._precision import product_precision
-from .._schedule import Schedule
+from ..tree import Schedule
 from . import _pallas_blocks, _pallas_vectors
 from ._pallas_blocks import padded_states
 from ._pallas_vectors import VECTOR_STATES

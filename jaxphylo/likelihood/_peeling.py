@@ -21,7 +21,7 @@ from jax import lax
 from jaxtyping import Array, Float, Int
 
 from .._precision import product_precision
-from .._schedule import Schedule
+from ..tree import Schedule
 from . import _pallas
 
 SMALL_STATE_SPACE = 8  # up to this, on a GPU, P x as multiply-adds written out beats a batched matmul

@@ -22,7 +22,7 @@ import numpy as np
 
 from .._alignment import Alignment
 from .._errors import ModelError
-from .._tree import Tree
+from ..tree import Tree
 from ..likelihood import data_log_likelihood, pattern_data
 from ..likelihood._api import PRECISIONS, _check_inputs
 from ..models._partitioned import _check_lengths

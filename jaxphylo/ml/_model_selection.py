@@ -52,8 +52,7 @@ from .._alignment import Alignment
 from .._alphabet import DNA, PROTEIN
 from .._distances import distances
 from .._errors import InputError, ModelError
-from .._neighbor_joining import bionj
-from .._tree import Tree
+from ..tree import Tree, bionj
 from ..likelihood import data_log_likelihood, pattern_data
 from ..io._partitions import PartitionScheme
 from ..likelihood._api import PRECISIONS, _check_inputs

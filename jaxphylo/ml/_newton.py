@@ -17,13 +17,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from .._schedule import device_schedule
+from ..tree import device_schedule, mask_like
 from ..likelihood._api import _batch_pattern_log_likelihoods, batch_layout_lengths
 from ..likelihood._derivatives import derivatives_from_arrays, layout_branch_derivatives
 from ..models import PartitionedModel
 from ..models._partitioned import group_kernel_arrays, part_layout_lengths
 from ._parameters import MAX_LENGTH, MIN_LENGTH
-from ._rooting import mask_like
 
 FRACTIONS = (1.0, 0.5, 0.25, 0.0)
 

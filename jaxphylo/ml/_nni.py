@@ -29,7 +29,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .._precision import product_precision
-from .._schedule import device_schedule, kernel_children
+from ..tree import device_schedule, kernel_children, mask_like
 from ..likelihood._api import batch_layout_lengths, kernel_arrays
 from ..likelihood._peeling import (apply_transition, child_partials, gather_rows, level_loop, log_likelihoods_from,
                                    post_order_partials, step_children, write_rows)
@@ -37,7 +37,6 @@ from ..likelihood._preorder import pre_order_partials
 from ..models import PartitionedModel
 from ..models._partitioned import group_kernel_arrays, part_layout_lengths
 from ._parameters import MAX_LENGTH, MIN_LENGTH
-from ._rooting import mask_like
 
 NEWTON_STEPS = 10
 CHUNK_BYTES = 1 << 28  # per chunk of edges scored together

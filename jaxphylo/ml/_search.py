@@ -39,12 +39,9 @@ from .._alignment import Alignment
 from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._distances import distances
 from .._errors import InputError
-from .._neighbor_joining import bionj
-from .._parsimony import parsimony_tree
-from .._schedule import phase_widths
+from ..tree import Tree, TreeBatch, bionj, fixed_branches, mask_like, parsimony_tree, phase_widths, root_on_first_tip
 from .._sharding import place_batch, place_data
 from .._simulate import random_topology_tree
-from .._tree import Tree, TreeBatch
 from ..likelihood import pattern_data
 from ..likelihood._finite import require_finite
 from ..likelihood._api import PRECISIONS, _batch_pattern_log_likelihoods, max_step_width, node_bytes
@@ -54,9 +51,8 @@ from ._newton import newton_lengths
 from ._nni import apply_nnis, independent_moves, nni_scores
 from ._optimise import minimise
 from ._parameters import ModelCoordinates, lengths_from_unconstrained, lengths_to_unconstrained
-from ._rooting import fixed_branches, mask_like, root_on_first_tip
 from ._spr import regrafted_tree, spr_scores
-from ._support import _kernel_splits
+from ..tree import kernel_splits
 
 SEARCH_TOLERANCE = 0.01  # log-likelihood units over five L-BFGS iterations while searching; 1e-3 for model fits
 LENGTHS_BYTES = 16 << 30  # partials that one call of a length optimiser may hold (trees beyond it: more calls)
@@ -341,7 +337,7 @@ class CandidateSet:
 
     def add(self, parents, lengths, log_likelihoods) -> None:
         for p, l, ll in zip(parents, lengths, np.asarray(log_likelihoods)):
-            key = frozenset(x for x in _kernel_splits(np.asarray(p), self.taxa) if x is not None)
+            key = frozenset(x for x in kernel_splits(np.asarray(p), self.taxa) if x is not None)
             if key not in self.trees or self.trees[key][0] < ll:
                 self.trees[key] = (float(ll), p, l)
         kept = sorted(self.trees.items(), key=lambda item: -item[1][0])[: self.size]

@@ -45,11 +45,10 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .._precision import product_precision
-from .._schedule import kernel_children
+from ..tree import kernel_children, rooted_on_first_tip, unrooted
 from ._nni import (CHUNK_BYTES, EigenSystem, TreePartials, _parts_last, branch_newton, eigen_coefficients,
                    part_branch_newton, part_sources)
 from ._parameters import MAX_LENGTH, MIN_LENGTH
-from ._rooting import rooted_on_first_tip, unrooted
 
 class UnrootedTree(eqx.Module):
     """A kernel tree rooted on tip 0, seen unrooted: three neighbours per internal node, the root merged away."""

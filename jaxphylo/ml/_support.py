@@ -1,4 +1,4 @@
-"""Branch support: non-parametric bootstrap and SH-aLRT, and the splits they are counted on.
+"""Branch support: non-parametric bootstrap and SH-aLRT, counted on the splits of `jaxphylo.tree`.
 
 A split is the set of taxa on one side of an internal branch, written as the
 side without the alphabetically first taxon (so each split of an unrooted tree
@@ -31,74 +31,14 @@ import numpy as np
 from .._alignment import Alignment
 from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._distances import distances
-from .._neighbor_joining import bionj
-from .._tree import Topology, Tree, TreeBatch
+from ..tree import Tree, TreeBatch, bionj, fixed_branches, kernel_splits, phase_widths, splits
 from ..likelihood._api import PRECISIONS, max_step_width
-from .._schedule import phase_widths
 from .._sharding import place_batch, place_data
 from ..models import PartitionedModel, part_alignments
 from ._fit import MLResult
 from ._nni import nni_scores
-from ._rooting import fixed_branches
 
 BOOTSTRAP_BATCH = 100  # replicates climbed together (fixed, so that results do not depend on interruptions)
-
-
-def splits(tree: Tree) -> dict[frozenset, int]:
-    """Non-trivial splits of an unrooted tree, each mapped to the node whose branch it is."""
-    topology, taxa = tree.topology, tree.taxa
-    below: list[set] = [{taxa[k]} if k < topology.num_tips else set() for k in range(topology.num_nodes)]
-    for node, up in enumerate(topology.parent):  # children precede parents
-        if up >= 0:
-            below[up] |= below[node]
-    everything, out, reference = set(taxa), {}, min(taxa)
-    for node in range(topology.num_tips, topology.num_nodes):
-        side = below[node] if reference not in below[node] else everything - below[node]
-        if 1 < len(side) < len(taxa) - 1:
-            out[frozenset(side)] = node
-    return out
-
-
-def robinson_foulds(a: Tree, b: Tree) -> int:
-    """The number of non-trivial splits in one tree but not the other."""
-    return len(set(splits(a)) ^ set(splits(b)))
-
-
-def with_supports(tree: Tree, supports: dict[frozenset, float]) -> Tree:
-    """`tree` with its internal branches labelled by support (rounded percentages); other labels dropped."""
-    labels = [None] * tree.topology.num_nodes
-    for split, node in splits(tree).items():
-        if split in supports:
-            labels[node] = f"{supports[split]:.0f}"
-    topology = Topology(tree.topology.parent, tree.taxa, tree.topology.rooted, tuple(labels))
-    return Tree(tree.branch_lengths, topology)
-
-
-def combine_labels(tree: Tree, *labelled: Tree, separator: str = "/") -> Tree:
-    """One tree whose internal labels join those of several labelled copies (IQ-TREE writes `alrt/bootstrap`)."""
-    parts = [t.topology.labels for t in labelled]
-    labels = tuple(separator.join(p[k] for p in parts if p[k] is not None) or None for k in range(tree.topology.num_nodes))
-    return Tree(tree.branch_lengths, Topology(tree.topology.parent, tree.taxa, tree.topology.rooted, labels))
-
-
-def _kernel_splits(parent: np.ndarray, taxa) -> list[frozenset | None]:
-    """The split of the branch above every node of a kernel tree (None for trivial ones)."""
-    n, m = len(taxa), len(parent)
-    below: list[set] = [{taxa[k]} if k < n else set() for k in range(m)]
-    depth = np.zeros(m, int)
-    for k in range(m):
-        node = k
-        while parent[node] >= 0:
-            node, depth[k] = parent[node], depth[k] + 1
-    for node in sorted(range(m), key=lambda k: -depth[k]):
-        if parent[node] >= 0:
-            below[parent[node]] |= below[node]
-    everything, reference = set(taxa), min(taxa)
-    out = []
-    for k in range(m):
-        side = below[k] if reference not in below[k] else everything - below[k]
-        out.append(frozenset(side) if 1 < len(side) < n - 1 else None)
-    return out
 
 
 def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed: int = 0,
@@ -128,7 +68,7 @@ def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed
     delta = 2 * (0.0 - observed.max(axis=1))  # 2 (L0 - max(L1, L2))
     support = 100.0 * np.mean(delta[None] > delta_star, axis=0)
     support = np.where(delta < 0, 0.0, support)  # an NNI that beats the ML tree: no support
-    kernel = _kernel_splits(np.asarray(batch.parents[0]), batch.taxa)
+    kernel = kernel_splits(np.asarray(batch.parents[0]), batch.taxa)
     return {kernel[v]: float(support[k]) for k, v in enumerate(nodes) if valid[k] and kernel[v] is not None}
 
 

@@ -421,8 +421,8 @@ def partitioned_data_log_likelihoods(data: PartitionedData, tree, model: Partiti
     The parts' lengths `t_k` are formed first (`part_branch_lengths`), so every
     link mode runs the same compiled program.
     """
-    from .._schedule import branch_index, build_schedule
-    from .._tree import Tree
+    from ..tree import branch_index, build_schedule
+    from ..tree import Tree
     from ..likelihood import _cpu_kernel
     from ..likelihood._api import PRECISIONS, STEP_BYTES, _check_options
     from ..likelihood._peeling import exact_steps

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
 
-from ._errors import InputError
-from ._tree import Topology, Tree
+from .._errors import InputError
+from ._topology import Topology, Tree
 
 
 def _checked(matrix, taxa) -> np.ndarray:

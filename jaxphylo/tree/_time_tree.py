@@ -41,7 +41,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from .._errors import InputError
-from .._tree import Topology, Tree
+from ._topology import Topology, Tree
 
 
 @dataclass(frozen=True, eq=False)

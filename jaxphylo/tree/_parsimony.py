@@ -15,8 +15,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ._alignment import Alignment
-from ._tree import TreeBatch, Tree
+from .._alignment import Alignment
+from ._kernel_form import TreeBatch, rooted_on_first_tip
+from ._topology import Tree
 
 
 def _fitch(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -87,8 +88,6 @@ def _rooted_at(neighbours, root):
 
 
 def _as_tree(neighbours, taxa, branch_length) -> Tree:
-    from .ml._rooting import rooted_on_first_tip  # the kernel form knows how to root on tip 0
-
     adjacency = [{k: branch_length for k in around} for around in neighbours]
     parent, lengths = rooted_on_first_tip(adjacency, len(neighbours) - 1)
     return TreeBatch(jnp.asarray(parent[None]), jnp.asarray(lengths[None]), tuple(taxa)).to_trees(rooted=False)[0]

@@ -36,7 +36,8 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Int
 
-from ._tree import Topology
+from ._kernel_form import binarize
+from ._topology import Topology
 
 
 class Schedule(eqx.Module):
@@ -154,47 +155,6 @@ def _one_schedule(parent, widths):
     root = jnp.argmin(parent)  # the only negative entry
     return Schedule(children, layout, steps.astype(jnp.int32), offsets.astype(jnp.int32),
                     slot[root], widths, n)
-
-
-@lru_cache(maxsize=256)
-def binarize(topology: Topology) -> tuple[np.ndarray, np.ndarray]:
-    """Kernel parent array of a topology, and per kernel node the user node whose branch it takes (-1: none).
-
-    Cached (topologies are hashable): the schedule and the branch index both start here. Do not modify.
-    """
-    n = topology.num_tips
-    kernel_parent: list[int] = [-1] * n
-    user_of: list[int] = list(range(n))
-    kernel_of = {t: t for t in range(n)}
-    for node in range(n, topology.num_nodes):  # children always precede parents
-        kids = [kernel_of[c] for c in topology.children[node]]
-        while len(kids) > 2:  # join the last two under a zero-length node
-            new = len(kernel_parent)
-            kernel_parent.append(-1)
-            user_of.append(-1)
-            b, c = kids.pop(), kids.pop()
-            kernel_parent[b] = kernel_parent[c] = new
-            kids.append(new)
-        if len(kids) == 1:  # a unifurcation: merge it into its child
-            kernel_of[node] = kids[0]
-            continue
-        new = len(kernel_parent)
-        kernel_parent.append(-1)
-        user_of.append(node)
-        for k in kids:
-            kernel_parent[k] = new
-        kernel_of[node] = new
-    if len(kernel_parent) != max(2 * n - 1, 1):
-        raise ValueError("a binarized tree must have 2N-1 nodes")
-    return np.asarray(kernel_parent, np.int32), np.asarray(user_of, np.int32)
-
-
-@lru_cache(maxsize=256)
-def branch_index(topology: Topology) -> np.ndarray:
-    """Which entry of the user's branch lengths each kernel node (and the sentinel) takes; `num_nodes` means zero."""
-    _, user_of = binarize(topology)
-    index = np.where(user_of >= 0, user_of, topology.num_nodes)
-    return np.append(index, topology.num_nodes).astype(np.int32)
 
 
 def build_schedule(topology: Topology, max_width: int | None = None) -> Schedule:
