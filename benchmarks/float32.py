@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 import jaxphylo as jp
-from jaxphylo._precision import set_product_precision
+from jaxphylo.runtime import set_product_precision
 from jaxphylo.likelihood import pattern_data
 from jaxphylo.likelihood._api import data_log_likelihood
 

@@ -8,18 +8,19 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from ._alignment import Alignment, SitePatterns  # noqa: E402
-from ._alphabet import DNA, PROTEIN, Alphabet, codon_alphabet  # noqa: E402
-from ._distances import distances  # noqa: E402
+from .data import Alignment, Alphabet, DNA, PROTEIN, SitePatterns, codon_alphabet, distances  # noqa: E402
 from ._examples import example_paths  # noqa: E402
 from ._errors import InputError, JaxphyloError, ModelError  # noqa: E402
-from .tree import Schedule, Topology, Tree, TreeBatch, bionj, build_schedule, neighbor_joining  # noqa: E402
-from ._simulate import random_topology_tree, simulate  # noqa: E402
+from .tree import (  # noqa: E402
+    Schedule, Topology, Tree, TreeBatch, bionj, build_schedule, neighbor_joining, random_topology_tree,
+)
 from .io import PartitionScheme, parse_newick, read_alignment, read_partitions, read_tree, write_tree  # noqa: E402
 from .likelihood import (  # noqa: E402
     ancestral_marginals, branch_length_derivatives, log_likelihood, pattern_log_likelihoods,
 )
-from .models import Model, PartitionedModel, parse_model, partitioned_log_likelihoods, partitioned_model  # noqa: E402
+from .models import (  # noqa: E402
+    Model, PartitionedModel, parse_model, partitioned_log_likelihoods, partitioned_model, simulate,
+)
 from . import coevolution, inference  # noqa: E402
 from .ml._parameters import ModelCoordinates, unconstrain  # noqa: E402
 from ._sharding import (  # noqa: E402

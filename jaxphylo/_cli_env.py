@@ -103,7 +103,7 @@ def environment_lines(devices) -> list[str]:
     import jaxlib
 
     import jaxphylo
-    from ._resources import device_free_memory
+    from .runtime import device_free_memory
     from .likelihood import _cpu_kernel
 
     lines = [f"jaxphylo {jaxphylo.__version__}; JAX {jax.__version__}, jaxlib {jaxlib.__version__}; "

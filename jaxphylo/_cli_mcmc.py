@@ -83,7 +83,7 @@ def run_mcmc(args) -> None:
 def _plan(alignment, model, args, batch: int) -> None:
     """`--dry-run`'s report, or a stop before starting when the chains' trees cannot fit in memory."""
     import jaxphylo as jp
-    from jaxphylo._resources import plan
+    from jaxphylo.likelihood import plan
     from jaxphylo.likelihood import pattern_data
 
     tree = jp.random_topology_tree(alignment.taxa, seed=args.seed)

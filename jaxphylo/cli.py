@@ -11,7 +11,7 @@ from ._cli_dated import add_free_topology_options, run_free_topology, wants_free
 from ._cli_env import add_env_command, add_mesh_options, mesh_choice
 from ._cli_mcmc import add_mcmc_command
 from ._cli_models import add_models_command
-from ._checkpoint import EXIT_INTERRUPTED, NEVER, Interrupted, StopRequests, parse_duration
+from .runtime import EXIT_INTERRUPTED, Interrupted, NEVER, StopRequests, parse_duration
 from ._errors import JaxphyloError
 
 
@@ -112,7 +112,7 @@ def _sample(args) -> None:
     import jaxphylo as jp
     from jaxphylo.inference import Analysis, prepare
     from jaxphylo.inference._outputs import write_outputs
-    from jaxphylo._resources import plan
+    from jaxphylo.likelihood import plan
     from jaxphylo.likelihood._finite import check_start
     from jaxphylo.inference._runner import chunk_program, progress_printer, run_nuts
     from jaxphylo._sharding import place_data
@@ -177,7 +177,7 @@ def _ml(args) -> None:
 
     import jaxphylo as jp
     from jaxphylo import ml
-    from jaxphylo._resources import peak_memory_text
+    from jaxphylo.runtime import peak_memory_text
 
     prefix = args.out or args.alignment
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type, genetic_code=args.genetic_code)
@@ -299,7 +299,7 @@ def _ml_select(alignment, start, partitions, args, prefix, log):
 def _ml_dry_run(alignment, start, model, args, settings) -> None:
     """The memory and time of the search's widest evaluation (twice the batch of trees)."""
     import jaxphylo as jp
-    from jaxphylo._resources import plan
+    from jaxphylo.likelihood import plan
     from jaxphylo.likelihood import pattern_data
 
     tree = start or jp.random_topology_tree(alignment.taxa, seed=args.seed)
@@ -512,7 +512,7 @@ def main(argv=None) -> int:
         if args.distributed:
             import jax
 
-            from ._distributed import join_processes, mirror_outputs
+            from .runtime import join_processes, mirror_outputs
 
             join_processes()
             if jax.process_index() > 0:
@@ -536,7 +536,7 @@ def main(argv=None) -> int:
         print("jaxphylo: interrupted", file=errors)
         return 130
     except Exception as err:  # XLA's out-of-memory error becomes one line; anything else is a bug: traceback
-        from ._resources import out_of_memory_message
+        from .runtime import out_of_memory_message
 
         if (message := out_of_memory_message(err)) is None:
             raise

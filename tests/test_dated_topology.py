@@ -233,7 +233,7 @@ def test_free_topology_posterior_agrees_with_nuts_on_the_true_topology():
 
 def test_resumed_free_topology_run_writes_the_same_bytes(tmp_path):
     """A run stopped after its first block and resumed ends with the files of one that never stopped."""
-    from jaxphylo._checkpoint import Interrupted
+    from jaxphylo.runtime import Interrupted
 
     alignment, _, tips, _ = _dated_data(300)
     settings = DatedSettings(chains=2, generations=400, sample_every=20, block=5)

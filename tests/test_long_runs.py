@@ -10,7 +10,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo import cli
-from jaxphylo._checkpoint import StopRequests, load_checkpoint, parse_duration, save_checkpoint, write_npz
+from jaxphylo.runtime import StopRequests, load_checkpoint, parse_duration, save_checkpoint, write_npz
 
 
 def test_durations_in_every_spelling():

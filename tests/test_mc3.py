@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxphylo as jp
-from jaxphylo._checkpoint import Interrupted
+from jaxphylo.runtime import Interrupted
 from jaxphylo.inference._mc3 import MC3Settings
 from jaxphylo.inference._mc3_run import mc3
 from jaxphylo.tree import kernel_splits

@@ -24,7 +24,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo import ml
-from jaxphylo._checkpoint import Interrupted
+from jaxphylo.runtime import Interrupted
 from jaxphylo.tree import phase_widths
 from jaxphylo.likelihood import batch_data_log_likelihoods, pattern_data
 from jaxphylo.ml._nni import apply_nnis, nni_scores

@@ -15,7 +15,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo.inference import Analysis, prepare
-from jaxphylo._checkpoint import load_checkpoint
+from jaxphylo.runtime import load_checkpoint
 from jaxphylo.inference._runner import run_nuts
 from numpyro.infer.util import log_density
 

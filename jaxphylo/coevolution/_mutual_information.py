@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from .._alignment import Alignment
+from ..data import Alignment
 from .._errors import ModelError
 
 GAP_SYMBOLS = "-."

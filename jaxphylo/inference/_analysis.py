@@ -31,8 +31,7 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
-from .._alignment import Alignment
-from .._distances import distances
+from ..data import Alignment, distances
 from .._errors import ModelError
 from ..tree import TimeTree, Tree, branch_durations, start_heights, time_tree, with_sampled_tips
 from ..io import TipDates, read_partitions, to_dendropy

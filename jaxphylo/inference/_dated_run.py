@@ -22,11 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._alignment import Alignment
-from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
+from ..data import Alignment
+from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._errors import InputError, ModelError
 from ..tree import Tree, phase_widths, start_heights, time_tree
-from .._simulate import random_topology_tree
+from ..tree import random_topology_tree
 from .._sharding import to_host
 from ..likelihood._api import PRECISIONS, max_step_width, pattern_data
 from ..ml._fit import resolve_model

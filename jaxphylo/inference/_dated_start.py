@@ -23,8 +23,7 @@ from __future__ import annotations
 import numpy as np
 from jaxtyping import Float, Int
 
-from .._alignment import Alignment
-from .._distances import distances
+from ..data import Alignment, distances
 from ..tree import Topology, Tree, bionj
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 from numpyro.distributions import Distribution, constraints
 
-from .._alignment import Alignment
+from ..data import Alignment
 from .._errors import InputError, ModelError
 from ..tree import Tree
 from ..likelihood import PatternData, data_log_likelihood, pattern_data

@@ -21,12 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
-from .._alignment import Alignment
-from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
+from ..data import Alignment
+from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._errors import InputError
 from ..tree import phase_widths
 from .._sharding import place_batch, place_data, replicate, to_host
-from .._simulate import random_topology_tree
+from ..tree import random_topology_tree
 from ..likelihood._api import PRECISIONS, max_step_width
 from ..ml._fit import resolve_model
 from ..ml._parameters import ModelCoordinates

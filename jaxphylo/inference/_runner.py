@@ -4,7 +4,7 @@ A run directory holds `run.json` (what was asked: compared on resume),
 `checkpoint.pkl` and `blocks/block_NNNNN.npz` (`block` draws of every chain).
 The sampler advances every chain together by a few iterations per device
 call (a chunk, sized to take about `CHUNK_SECONDS`) and, between chunks,
-reads the stop flag (`jaxphylo._checkpoint.StopRequests`: SIGTERM, SIGINT,
+reads the stop flag (`jaxphylo.runtime._checkpoint.StopRequests`: SIGTERM, SIGINT,
 SIGUSR1, `--max-time`). On a stop, in warmup or after it, the checkpoint
 takes the full NUTS state (position, step size, mass matrix and the
 adaptation's running windows, random key) and the draws of the unfinished
@@ -32,10 +32,11 @@ from numpyro import handlers
 from numpyro.distributions import Unit
 from numpyro.infer import NUTS, init_to_value
 
-from .._checkpoint import (NEVER, CheckpointError, Interrupted, atomic_write, compare_settings, load_checkpoint,
-                           save_checkpoint, write_npz)
+from ..runtime import (
+    CheckpointError, Interrupted, NEVER, atomic_write, compare_settings, load_checkpoint, save_checkpoint, write_npz,
+)
 from .._errors import InputError
-from .._resources import peak_memory_text, reset_peak_resident
+from ..runtime import peak_memory_text, reset_peak_resident
 
 EXTRA_FIELDS = ("diverging", "num_steps", "accept_prob")
 CHUNK_MAX = 64  # iterations per device call at most (the draw buffer's length)
@@ -223,7 +224,7 @@ def _stepper(model, init: dict, warmup: int, method: str) -> ChainStepper:
 
 
 def chunk_program(model, data, init: dict, chains: int, warmup: int, method: str | None = None):
-    """`(name, compile)` for `jaxphylo._resources.plan`: the memory of the sampler's own chunk program."""
+    """`(name, compile)` for `jaxphylo.likelihood.plan`: the memory of the sampler's own chunk program."""
     method = method if method in ("parallel", "vectorized") else chain_method(chains)
     stepper = _stepper(model, init, warmup, method)
     keys = jax.random.split(jax.random.PRNGKey(0), chains)

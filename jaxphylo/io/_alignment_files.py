@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from .._alignment import Alignment
-from .._alphabet import DNA, alphabet_for
+from ..data import Alignment, DNA, alphabet_for
 from .._errors import InputError
 
 _DNA_SYMBOLS = set("ACGTUNRYSWKMBDHV-?.")

@@ -6,7 +6,7 @@ import equinox as eqx
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._alignment import Alignment
+from ..data import Alignment
 from .._errors import InputError
 from ..tree import Schedule, Tree
 from ..models import Model

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from .._alignment import Alignment
+from ..data import Alignment
 from .._errors import InputError, ModelError
 from ..tree import Schedule, Tree, TreeBatch, branch_index, build_schedule, device_schedule, phase_widths, trim_slots
 from ..models import Model

@@ -14,8 +14,8 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .._alignment import Alignment
-from .._precision import product_precision
+from ..data import Alignment
+from ..runtime import product_precision
 from ..tree import Schedule, Tree
 from ..models import Model
 from ._api import PatternData, kernel_arrays, layout_lengths, prepare

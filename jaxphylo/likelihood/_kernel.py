@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jaxtyping import Array, Float, Int
 
-from .._precision import product_precision
+from ..runtime import product_precision
 from ..tree import Schedule
 from . import _pallas
 from ._peeling import log_likelihoods_from, post_order_partials, root_sum

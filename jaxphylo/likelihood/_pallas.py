@@ -41,7 +41,7 @@ from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
 from .._errors import InputError
-from .._precision import product_precision
+from ..runtime import product_precision
 from ..tree import Schedule
 from . import _pallas_blocks, _pallas_vectors
 from ._pallas_blocks import padded_states

@@ -20,7 +20,7 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from .._precision import product_precision
+from ..runtime import product_precision
 from ..tree import Schedule
 from . import _pallas
 

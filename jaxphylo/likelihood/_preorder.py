@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from .._precision import product_precision
+from ..runtime import product_precision
 from ..tree import Schedule
 from ._peeling import apply_transition, child_partials, gather_rows, level_loop, rescale, step_children
 

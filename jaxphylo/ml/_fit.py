@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import jax.numpy as jnp
 import numpy as np
 
-from .._alignment import Alignment
+from ..data import Alignment
 from .._errors import ModelError
 from ..tree import Tree
 from ..likelihood import data_log_likelihood, pattern_data

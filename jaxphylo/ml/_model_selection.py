@@ -48,9 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._alignment import Alignment
-from .._alphabet import DNA, PROTEIN
-from .._distances import distances
+from ..data import Alignment, DNA, PROTEIN, distances
 from .._errors import InputError, ModelError
 from ..tree import Tree, bionj
 from ..likelihood import data_log_likelihood, pattern_data

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .._precision import product_precision
+from ..runtime import product_precision
 from ..tree import device_schedule, kernel_children, mask_like
 from ..likelihood._api import batch_layout_lengths, kernel_arrays
 from ..likelihood._peeling import (apply_transition, child_partials, gather_rows, level_loop, log_likelihoods_from,

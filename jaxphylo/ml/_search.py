@@ -35,13 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._alignment import Alignment
-from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
-from .._distances import distances
+from ..data import Alignment, distances
+from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._errors import InputError
 from ..tree import Tree, TreeBatch, bionj, fixed_branches, mask_like, parsimony_tree, phase_widths, root_on_first_tip
 from .._sharding import place_batch, place_data
-from .._simulate import random_topology_tree
+from ..tree import random_topology_tree
 from ..likelihood import pattern_data
 from ..likelihood._finite import require_finite
 from ..likelihood._api import PRECISIONS, _batch_pattern_log_likelihoods, max_step_width, node_bytes
@@ -466,7 +465,7 @@ def search(
     stage, the fitted model, the candidate trees, the climb in progress, the
     random key and the patience count. With `resume=True` a search continues
     from it and ends as an uninterrupted one would, to the last bit. `stop` (a
-    `jaxphylo._checkpoint.StopRequests`) is read before every NNI or SPR
+    `jaxphylo.runtime._checkpoint.StopRequests`) is read before every NNI or SPR
     round; when it fires the search saves and raises `Interrupted`.
 
     `mesh` (`jp.device_mesh`) spreads the batch of trees over its `batch`

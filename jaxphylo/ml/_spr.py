@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .._precision import product_precision
+from ..runtime import product_precision
 from ..tree import kernel_children, rooted_on_first_tip, unrooted
 from ._nni import (CHUNK_BYTES, EigenSystem, TreePartials, _parts_last, branch_newton, eigen_coefficients,
                    part_branch_newton, part_sources)

@@ -28,9 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._alignment import Alignment
-from .._checkpoint import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
-from .._distances import distances
+from ..data import Alignment, distances
+from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from ..tree import Tree, TreeBatch, bionj, fixed_branches, kernel_splits, phase_widths, splits
 from ..likelihood._api import PRECISIONS, max_step_width
 from .._sharding import place_batch, place_data

@@ -11,6 +11,7 @@ from ._partitioned import (
     PartitionedModel, PartsEstimated, part_alignments, partitioned_data, partitioned_data_log_likelihoods, partitioned_log_likelihood,
     partitioned_log_likelihoods, partitioned_model,
 )
+from ._simulate import simulate
 from ._rates import DiscreteGamma, FreeRates, InvariantSites, RateVariation, UniformRates
 
 __all__ = [
@@ -20,5 +21,5 @@ __all__ = [
     "RateVariation", "UniformRates", "DiscreteGamma", "FreeRates", "InvariantSites",
     "empirical_frequencies", "codon_frequencies",
     "PartitionedModel", "PartsEstimated", "partitioned_model", "part_alignments", "partitioned_data", "partitioned_data_log_likelihoods",
-    "partitioned_log_likelihood", "partitioned_log_likelihoods",
+    "partitioned_log_likelihood", "partitioned_log_likelihoods", "simulate",
 ]

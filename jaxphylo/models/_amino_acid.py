@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._alphabet import PROTEIN, Alphabet
+from ..data import Alphabet, PROTEIN
 from .._errors import ModelError
 from ._base import SubstitutionModel
 

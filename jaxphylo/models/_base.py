@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .._alphabet import Alphabet
-from .._precision import product_precision
+from ..data import Alphabet
+from ..runtime import product_precision
 
 
 class SubstitutionModel(eqx.Module):

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._alphabet import Alphabet
+from ..data import Alphabet
 from ._base import SubstitutionModel
 
 _TRANSITIONS = {frozenset("AG"), frozenset("CT")}

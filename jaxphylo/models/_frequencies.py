@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._alignment import Alignment
-from .._alphabet import NUCLEOTIDES
+from ..data import Alignment, NUCLEOTIDES
 
 
 def empirical_frequencies(alignment: Alignment, iterations: int = 20) -> np.ndarray:

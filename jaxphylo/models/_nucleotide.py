@@ -13,7 +13,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .._alphabet import DNA, Alphabet
+from ..data import Alphabet, DNA
 from ._base import SubstitutionModel
 
 _PAIRS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))  # AC AG AT CG CT GT

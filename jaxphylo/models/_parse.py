@@ -12,8 +12,7 @@ import re
 import jax.numpy as jnp
 import numpy as np
 
-from .._alignment import Alignment
-from .._alphabet import DNA, PROTEIN, codon_alphabet
+from ..data import Alignment, DNA, PROTEIN, codon_alphabet
 from .._errors import ModelError
 from ._amino_acid import EMPIRICAL_MODELS, EmpiricalAminoAcid, empirical_matrix
 from ._codon import GY94

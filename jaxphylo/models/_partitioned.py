@@ -48,8 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from .._alignment import Alignment
-from .._alphabet import alphabet_for
+from ..data import Alignment, alphabet_for
 from .._errors import InputError, ModelError
 from ..io._partitions import PartitionScheme
 from ._amino_acid import EMPIRICAL_MODELS

@@ -51,4 +51,4 @@ from ._time_tree import (
     time_tree as time_tree,
     with_sampled_tips as with_sampled_tips,
 )
-from ._topology import Topology as Topology, Tree as Tree
+from ._topology import Topology as Topology, Tree as Tree, random_topology_tree as random_topology_tree

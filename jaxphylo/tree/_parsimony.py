@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from .._alignment import Alignment
+from ..data import Alignment
 from ._kernel_form import TreeBatch, rooted_on_first_tip
 from ._topology import Tree
 

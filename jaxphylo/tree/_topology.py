@@ -112,3 +112,21 @@ def _length_summary(lengths) -> str:
     if lengths.ndim != 1:
         return f"lengths of shape {tuple(lengths.shape)}"
     return f"length {float(np.sum(np.asarray(lengths))):.6g}"
+
+
+def random_topology_tree(taxa, seed: int = 0, mean_branch_length: float = 0.1) -> Tree:
+    """A random rooted binary tree (random joining of lineages) with exponential branch lengths."""
+    rng = np.random.default_rng(seed)
+    n = len(taxa)
+    parent = np.full(2 * n - 1, -1)
+    active = list(range(n))
+    for node in range(n, 2 * n - 1):
+        i, j = rng.choice(len(active), size=2, replace=False)
+        a, b = active[i], active[j]
+        parent[a] = parent[b] = node
+        for k in sorted((i, j), reverse=True):
+            active.pop(k)
+        active.append(node)
+    lengths = rng.exponential(mean_branch_length, 2 * n - 1)
+    lengths[-1] = 0.0
+    return Tree(jnp.asarray(lengths), Topology(tuple(int(p) for p in parent), tuple(taxa), True))

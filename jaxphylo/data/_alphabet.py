@@ -13,7 +13,7 @@ from functools import cached_property
 
 from Bio.Data import CodonTable
 
-from ._errors import InputError
+from .._errors import InputError
 
 NUCLEOTIDES = "ACGT"
 AMINO_ACIDS = "ARNDCQEGHILKMFPSTWYV"  # PAML/IQ-TREE order

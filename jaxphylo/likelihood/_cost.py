@@ -18,7 +18,6 @@ anything large (`ResourceError`, naming the numbers and what would fit).
 from __future__ import annotations
 
 import os
-import resource
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -27,78 +26,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._errors import JaxphyloError
-from .tree import Tree, TreeBatch
-from .likelihood import batch_data_log_likelihoods
-from .likelihood._api import PRECISIONS
+from ..models import PartitionedModel
+from ..runtime import ResourceError, device_free_memory, gib, resident_bytes
+from ..tree import Tree, TreeBatch
+from . import _cpu_kernel
+from ._api import PRECISIONS, PatternData, batch_data_log_likelihoods
 
 CPU_KERNEL_BLOCK = 8 << 20  # bytes of scratch per CPU-kernel thread (likelihood/_cpu/peeling.cc)
-
-
-class ResourceError(JaxphyloError):
-    """A run that would not fit the memory of its devices."""
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
-
-
-def device_free_memory(device) -> tuple[int, int]:
-    """`(free, total)` bytes of `device`: the allocator's limit on a GPU, available RAM on a CPU."""
-    stats = device.memory_stats() if device.platform != "cpu" else None
-    if stats and "bytes_limit" in stats:
-        limit = stats["bytes_limit"]
-        if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() not in ("false", "0"):
-            # The pool is allocated at start; when the device could not give all of it (a larger
-            # XLA_PYTHON_CLIENT_MEM_FRACTION than it has), the pool is what there is.
-            limit = min(limit, stats.get("pool_bytes", limit) or limit)
-        return limit - stats.get("bytes_in_use", 0), limit
-    return _host_available()
-
-
-def _host_available() -> tuple[int, int]:
-    """Available RAM, within the cgroup's limit when there is one (Slurm jobs, containers)."""
-    info = {}
-    with open("/proc/meminfo") as handle:
-        for line in handle:
-            key, value = line.split(":", 1)
-            info[key] = int(value.split()[0]) * 1024
-    free, total = info.get("MemAvailable", info["MemFree"]), info["MemTotal"]
-    try:
-        limit = open("/sys/fs/cgroup/memory.max").read().strip()
-        used = int(open("/sys/fs/cgroup/memory.current").read())
-        if limit != "max":
-            free, total = min(free, int(limit) - used), min(total, int(limit))
-    except OSError:
-        pass
-    return free, total
-
-
-def resident_bytes() -> int:
-    """This process's resident memory now."""
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def reset_peak_resident() -> None:
-    """Start measuring the peak resident memory afresh (Linux >= 4.0: `/proc/self/clear_refs`)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")
-    except OSError:
-        pass
-
-
-def peak_resident_bytes() -> int:
-    """This process's peak resident memory since `reset_peak_resident` (or since it started)."""
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @dataclass
@@ -136,17 +70,17 @@ class Cost:
     def report(self) -> str:
         lines = [f"data: {self.taxa} taxa, {self.sites} sites, {self.patterns} patterns, {self.states} states, "
                  f"{self.categories} rate categories; {self.precision}",
-                 f"one tree: partials {_gib(self.partials_bytes)} per buffer, "
-                 f"transition matrices {_gib(self.matrices_bytes)}",
+                 f"one tree: partials {gib(self.partials_bytes)} per buffer, "
+                 f"transition matrices {gib(self.matrices_bytes)}",
                  f"{self.program or self._evaluation_name}: "
-                 f"{_gib(self.program_bytes)} (XLA) + {_gib(self.outside_bytes)} (outside XLA) = "
-                 f"{_gib(self.needed_bytes)}",
-                 f"device: {self.device}, {_gib(self.free_bytes)} free of {_gib(self.total_bytes)}"]
+                 f"{gib(self.program_bytes)} (XLA) + {gib(self.outside_bytes)} (outside XLA) = "
+                 f"{gib(self.needed_bytes)}",
+                 f"device: {self.device}, {gib(self.free_bytes)} free of {gib(self.total_bytes)}"]
         if self.seconds is not None:
             lines.append(f"one likelihood-and-gradient: {1e3 * self.seconds:.2f} ms "
                          f"(compilation {self.compile_seconds:.1f} s)")
         if self.measured_bytes is not None:
-            lines.append(f"measured peak while evaluating: {_gib(self.measured_bytes)}")
+            lines.append(f"measured peak while evaluating: {gib(self.measured_bytes)}")
         return "\n".join(lines)
 
 
@@ -207,8 +141,6 @@ def rough_bytes(data, tree: Tree, model, precision: str, batch: int) -> int:
 def _single_model_view(data, model):
     """A partitioned model's costs as one model's: the part with the most states x categories on every group's
     patterns side by side (an upper bound: each part evaluates only its own patterns, at its own size)."""
-    from .likelihood._api import PatternData
-    from .models import PartitionedModel
 
     if not isinstance(model, PartitionedModel):
         return data, model
@@ -246,25 +178,6 @@ def plan(data, tree: Tree, model, precision: str, batch: int, dry_run: bool, sit
     check_fits(cost)
 
 
-def peak_memory_text() -> str:
-    """The peak memory of this run so far: the device allocator's on a GPU, resident memory on a CPU."""
-    device = jax.devices()[0]
-    stats = device.memory_stats() if device.platform != "cpu" else None
-    if stats:
-        return f"{_gib(stats.get('peak_bytes_in_use', 0))} on {device}"
-    return f"{_gib(peak_resident_bytes())} resident (process)"
-
-
-def out_of_memory_message(error: Exception) -> str | None:
-    """The one line for XLA's RESOURCE_EXHAUSTED (an allocation that failed despite the estimate), else None."""
-    text = str(error)
-    if "RESOURCE_EXHAUSTED" not in text:
-        return None
-    detail = next((line.strip() for line in text.splitlines() if "RESOURCE_EXHAUSTED" in line), text)[:200]
-    return (f"out of memory on {jax.devices()[0]} ({detail}); 'jaxphylo ... --dry-run' shows what the run needs; "
-            f"try --precision float32, fewer rate categories, or fewer chains/trees at once")
-
-
 def program_bytes(compiled) -> int:
     """XLA's account of a compiled program: arguments + outputs + temporaries (aliased buffers once)."""
     a = compiled.memory_analysis()
@@ -276,8 +189,6 @@ def outside_bytes(device) -> int:
     data) and the C++ kernel's per-thread blocks; nothing on a GPU (the device holds only XLA's buffers)."""
     if device.platform != "cpu":
         return 0
-    from .likelihood import _cpu_kernel
-
     threads = int(os.environ.get("JAXPHYLO_CPU_THREADS", os.cpu_count() or 1))
     return resident_bytes() + (CPU_KERNEL_BLOCK * threads if _cpu_kernel.available() else 0)
 
@@ -294,8 +205,8 @@ def check_fits(cost: Cost) -> None:
     if cost.batch > 1:
         hints.append(f"fewer trees at once than {cost.batch} (--chains, or --batch for ml)")
     hints.append("a device with more memory")
-    raise ResourceError(f"this run needs about {_gib(cost.needed_bytes)} on {cost.device} but "
-                        f"{_gib(cost.free_bytes)} is free (partials {_gib(cost.partials_bytes)} per tree, "
+    raise ResourceError(f"this run needs about {gib(cost.needed_bytes)} on {cost.device} but "
+                        f"{gib(cost.free_bytes)} is free (partials {gib(cost.partials_bytes)} per tree, "
                         f"{cost.patterns} patterns x {cost.categories} categories x {cost.states} states); "
                         f"try {'; or '.join(hints)}")
 

@@ -32,7 +32,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._alignment import Alignment
-from ._errors import InputError, ModelError
+from .._errors import InputError, ModelError
 
 METHODS = {"dna": ("p", "jc69", "k2p", "tn93", "logdet"), "protein": ("p", "poisson")}
 DEFAULT_METHOD = {"dna": "jc69", "protein": "poisson"}

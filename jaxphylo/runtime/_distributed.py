@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ._errors import InputError
+from .._errors import InputError
 
 ENVIRONMENT = ("JAXPHYLO_COORDINATOR", "JAXPHYLO_NUM_PROCESSES", "JAXPHYLO_PROCESS_ID")
 

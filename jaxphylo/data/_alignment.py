@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import Float, Int
 
 from ._alphabet import Alphabet
-from ._errors import InputError
+from .._errors import InputError
 
 
 def _data_type(alphabet: Alphabet) -> str:

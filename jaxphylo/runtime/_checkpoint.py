@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._errors import InputError, JaxphyloError
+from .._errors import InputError, JaxphyloError
 
 MAGIC = b"JAXPHYLO-CHECKPOINT 1\n"
 EXIT_INTERRUPTED = 75

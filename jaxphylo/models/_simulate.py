@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
-from ._alignment import Alignment
-from .tree import Topology, Tree
-from .models import Model
+from ..data import Alignment
+from ..tree import Tree
+from ._model import Model
 
 
 def simulate(tree: Tree, model: Model, num_sites: int, seed: int = 0, missing: float = 0.0) -> Alignment:
@@ -39,21 +38,3 @@ def _draw(rng, probabilities):
     cumulative = np.cumsum(probabilities, axis=-1)
     u = rng.random(len(probabilities))[:, None] * cumulative[:, -1:]
     return (u > cumulative).sum(axis=-1).clip(max=probabilities.shape[-1] - 1)
-
-
-def random_topology_tree(taxa, seed: int = 0, mean_branch_length: float = 0.1) -> Tree:
-    """A random rooted binary tree (random joining of lineages) with exponential branch lengths."""
-    rng = np.random.default_rng(seed)
-    n = len(taxa)
-    parent = np.full(2 * n - 1, -1)
-    active = list(range(n))
-    for node in range(n, 2 * n - 1):
-        i, j = rng.choice(len(active), size=2, replace=False)
-        a, b = active[i], active[j]
-        parent[a] = parent[b] = node
-        for k in sorted((i, j), reverse=True):
-            active.pop(k)
-        active.append(node)
-    lengths = rng.exponential(mean_branch_length, 2 * n - 1)
-    lengths[-1] = 0.0
-    return Tree(jnp.asarray(lengths), Topology(tuple(int(p) for p in parent), tuple(taxa), True))

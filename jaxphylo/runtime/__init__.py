@@ -1,0 +1,29 @@
+"""What every run stands on: checkpoints and stop requests, memory probes, several processes, product precision."""
+
+from ._checkpoint import (
+    EXIT_INTERRUPTED as EXIT_INTERRUPTED,
+    NEVER as NEVER,
+    CheckpointError as CheckpointError,
+    Interrupted as Interrupted,
+    StopRequests as StopRequests,
+    alignment_digest as alignment_digest,
+    atomic_write as atomic_write,
+    compare_settings as compare_settings,
+    load_checkpoint as load_checkpoint,
+    parse_duration as parse_duration,
+    save_checkpoint as save_checkpoint,
+    stop_point as stop_point,
+    write_npz as write_npz,
+)
+from ._distributed import join_processes as join_processes, mirror_outputs as mirror_outputs
+from ._memory import (
+    ResourceError as ResourceError,
+    device_free_memory as device_free_memory,
+    gib as gib,
+    out_of_memory_message as out_of_memory_message,
+    peak_memory_text as peak_memory_text,
+    peak_resident_bytes as peak_resident_bytes,
+    reset_peak_resident as reset_peak_resident,
+    resident_bytes as resident_bytes,
+)
+from ._precision import product_precision as product_precision, set_product_precision as set_product_precision
