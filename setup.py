@@ -1,9 +1,9 @@
 """Build the CPU likelihood kernel (an XLA FFI library) with the package; everything else is in pyproject.toml.
 
-`pip install .` / `pip install -e .` compile `jaxphylo/likelihood/_cpu/peeling.cc`
+`pip install .` / `pip install -e .` compile `jaxphylo/likelihood/kernels/cpp/peeling.cc`
 (C++17, the XLA FFI headers shipped with jaxlib) into
-`jaxphylo/likelihood/_cpu/_peeling_ffi*.so`, loaded at run time with ctypes by
-`jaxphylo.likelihood._cpu_kernel`. The code is built for the baseline
+`jaxphylo/likelihood/kernels/cpp/_peeling_ffi*.so`, loaded at run time with ctypes by
+`jaxphylo.likelihood.kernels._cpu`. The code is built for the baseline
 instruction set with an AVX2 + FMA copy of the kernels picked at run time, so
 a wheel runs on any x86-64 CPU. The extension is optional: if it cannot be
 built, installation goes on and the kernel reports itself unavailable.
@@ -51,9 +51,9 @@ class BuildExt(build_ext):
 setup(
     ext_modules=[
         Extension(
-            "jaxphylo.likelihood._cpu._peeling_ffi",
-            sources=["jaxphylo/likelihood/_cpu/peeling.cc"],
-            depends=["jaxphylo/likelihood/_cpu/kernels.inc"],
+            "jaxphylo.likelihood.kernels.cpp._peeling_ffi",
+            sources=["jaxphylo/likelihood/kernels/cpp/peeling.cc"],
+            depends=["jaxphylo/likelihood/kernels/cpp/kernels.inc"],
             language="c++",
             optional=True,
         )

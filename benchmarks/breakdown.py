@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxphylo.tree import branch_index, trim_slots
-from jaxphylo.likelihood import _peeling
+from jaxphylo.likelihood import kernels
 from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, schedule_for
 from likelihood import make_case
 
@@ -31,14 +31,14 @@ for case in cases:
     tree, model, data = make_case(*case)
     sched = schedule_for(tree, model, data, jnp.float64)
     index = branch_index(tree.topology)
-    steps = _peeling.exact_steps(sched)
+    steps = kernels.xla.exact_steps(sched)
     trimmed = trim_slots(sched)
     to_arrays = jax.jit(lambda m, b, s: kernel_arrays(m, layout_lengths(b, index, s), data, jnp.float64))
     P, pi, w, codes, table = to_arrays(model, tree.branch_lengths, sched)
     P_trimmed = to_arrays(model, tree.branch_lengths, trimmed)[0]
     def run(P, pi, w, codes, table, sched, static):
-        parts, ls = _peeling.post_order_partials(P, codes, table, sched, static)
-        return _peeling.log_likelihoods_from(parts, ls, pi, w, sched)
+        parts, ls = kernels.xla.post_order_partials(P, codes, table, sched, static)
+        return kernels.xla.log_likelihoods_from(parts, ls, pi, w, sched)
     dyn = jax.jit(lambda *a: run(*a, None))
     sta = jax.jit(lambda *a: run(*a, steps))
     model_only = jax.jit(lambda m, b: kernel_arrays(m, layout_lengths(b, index, sched), data, jnp.float64)[0])

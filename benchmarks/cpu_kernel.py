@@ -7,14 +7,14 @@ HKY{2}+F{.3,.2,.2,.3}+G4{0.5}, per-pattern rescaling; P matrices and tip data
 prepared once, outside the timed calls. Columns, median ms per call (best median
 of `--rounds` rounds of `--repeats` calls, since other work may share the CPU):
 
-- post: `_cpu_kernel.post_order`, log L per pattern keeping the partials buffer.
-- L: `_cpu_kernel.log_likelihoods`, log L per pattern keeping no partials.
+- post: `kernels.cpu.post_order`, log L per pattern keeping the partials buffer.
+- L: `kernels.cpu.log_likelihoods`, log L per pattern keeping no partials.
 - post+pre: value and gradient (w.r.t. P, pi, w) through
-  `_cpu_kernel.pattern_log_likelihoods_stored`: post_order, then
+  `kernels.cpu.pattern_log_likelihoods_stored`: post_order, then
   pre_order_cotangents reading the partials back.
-- grad: the same through `_cpu_kernel.pattern_log_likelihoods`: log_likelihoods,
+- grad: the same through `kernels.cpu.pattern_log_likelihoods`: log_likelihoods,
   then `cotangents`, which recomputes the partials per block of patterns in cache.
-- jax L / jax grad: `_kernel.pattern_log_likelihoods` (jitted), value and value+gradient.
+- jax L / jax grad: `kernels.pattern_log_likelihoods` (jitted), value and value+gradient.
 - BEAGLE L / BEAGLE grad: 3.1 CPU SSE, one thread, float64, with rescaling, on the
   same P matrices (benchmarks/_beagle.py); gradient = its edge derivatives.
 
@@ -37,7 +37,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jaxphylo as jp  # noqa: E402
 from jaxphylo.tree import branch_index  # noqa: E402
-from jaxphylo.likelihood import _cpu_kernel, _kernel  # noqa: E402
+from jaxphylo.likelihood import kernels  # noqa: E402
 from jaxphylo.likelihood._api import PatternData, kernel_arrays, layout_lengths, schedule_for  # noqa: E402
 
 from _common import beagle_reference, real_case  # noqa: E402
@@ -94,18 +94,18 @@ def run_case(name, taxa, patterns, args):
 
     row = {"case": name.split("_")[0], "taxa": taxa, "patterns": patterns}
     repeats = max(3, min(args.repeats, int(args.repeats * 2e5 / (taxa * patterns)) or 3))
-    post = jax.jit(lambda t, p, c: _cpu_kernel.post_order(t, codes, table, schedule, p, c)[0])
-    likelihood = value(_cpu_kernel.pattern_log_likelihoods)
-    stored, recomputed = (value_and_grad(_cpu_kernel.pattern_log_likelihoods_stored),
-                          value_and_grad(_cpu_kernel.pattern_log_likelihoods))
+    post = jax.jit(lambda t, p, c: kernels.cpu.post_order(t, codes, table, schedule, p, c)[0])
+    likelihood = value(kernels.cpu.pattern_log_likelihoods)
+    stored, recomputed = (value_and_grad(kernels.cpu.pattern_log_likelihoods_stored),
+                          value_and_grad(kernels.cpu.pattern_log_likelihoods))
     row["post"] = best_median(lambda: post(transition, pi, w), args.rounds, repeats)
     row["L"] = best_median(lambda: likelihood(transition, pi, w), args.rounds, repeats)
     row["post+pre"] = best_median(lambda: stored(transition, pi, w), args.rounds, repeats)
     row["grad"] = best_median(lambda: recomputed(transition, pi, w), args.rounds, repeats)
     ffi_value = float(likelihood(transition, pi, w))
     if not args.no_jax:
-        jax_value = value(_kernel.pattern_log_likelihoods)
-        jax_grad = value_and_grad(_kernel.pattern_log_likelihoods)
+        jax_value = value(kernels.pattern_log_likelihoods)
+        jax_grad = value_and_grad(kernels.pattern_log_likelihoods)
         slow = max(3, repeats // 10)
         row["jax L"] = best_median(lambda: jax_value(transition, pi, w), args.rounds, slow)
         row["jax grad"] = best_median(lambda: jax_grad(transition, pi, w), args.rounds, slow)
@@ -136,8 +136,8 @@ def main():
     parser.add_argument("--no-beagle", action="store_true")
     parser.add_argument("--only", default="", help="comma-separated TAXAxPATTERNS, e.g. 12x413,50x1000")
     args = parser.parse_args()
-    if not _cpu_kernel.available():
-        raise SystemExit(f"CPU kernel unavailable: {_cpu_kernel.unavailable_reason()}")
+    if not kernels.cpu.available():
+        raise SystemExit(f"CPU kernel unavailable: {kernels.cpu.unavailable_reason()}")
     only = {tuple(int(x) for x in item.split("x")) for item in args.only.split(",") if item}
     columns = ["post", "L", "post+pre", "grad", "jax L", "jax grad", "BEAGLE L", "BEAGLE grad"]
     print(f"{'float32' if args.float32 else 'float64'}; median ms per call (best of {args.rounds} rounds); "

@@ -15,7 +15,7 @@ import jax, jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
 import likelihood as bench
 from jaxphylo.tree import branch_index
-from jaxphylo.likelihood import _kernel, _pallas
+from jaxphylo.likelihood import kernels
 from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, schedule_for
 
 ap = argparse.ArgumentParser()
@@ -40,7 +40,7 @@ def functions(model, index):
     Data and schedule are arguments (closed over, XLA would constant-fold them)."""
     def total(lengths, data, sched):
         P, pi, w, codes, table = kernel_arrays(model, layout_lengths(lengths, index, sched), data, jnp.float64)
-        return jnp.sum(data.weights * _kernel.pattern_log_likelihoods(P, pi, w, codes, table, sched))
+        return jnp.sum(data.weights * kernels.pattern_log_likelihoods(P, pi, w, codes, table, sched))
     return jax.jit(total), jax.jit(jax.value_and_grad(total))
 
 
@@ -57,11 +57,11 @@ for case in cases:
     sched = schedule_for(tree, model, data, jnp.float64)
     index = branch_index(tree.topology)
     a = (tree.branch_lengths, data, sched)
-    os.environ[_pallas.KERNEL_ENV] = "xla"
+    os.environ[kernels.KERNEL_ENV] = "xla"
     lik, grad = functions(model, index)
     xla = dict(lik_ms=med(lik, *a), grad_ms=med(grad, *a))
     v_ref, g_ref = grad(*a)
-    os.environ[_pallas.KERNEL_ENV] = "pallas"
+    os.environ[kernels.KERNEL_ENV] = "pallas"
     for config in args.configs.split(","):
         walk = config.endswith("w")
         blocks = config.startswith("e")
@@ -69,10 +69,10 @@ for case in cases:
         if blocks != (case[0] in ("20", "61")):
             continue
         if blocks:
-            _pallas.BLOCK_ELEMENTS, _pallas.NUM_WARPS = tile, warps
+            kernels.pallas.BLOCK_ELEMENTS, kernels.pallas.NUM_WARPS = tile, warps
         else:
-            _pallas.PATTERN_TILE, _pallas.NUM_WARPS = tile, warps
-        _pallas.WALK_MAX_TIPS = 10**9 if walk else 0
+            kernels.pallas.PATTERN_TILE, kernels.pallas.NUM_WARPS = tile, warps
+        kernels.pallas.WALK_MAX_TIPS = 10**9 if walk else 0
         try:
             lik, grad = functions(model, index)
             got = dict(lik_ms=med(lik, *a), grad_ms=med(grad, *a))

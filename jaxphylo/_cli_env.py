@@ -104,7 +104,7 @@ def environment_lines(devices) -> list[str]:
 
     import jaxphylo
     from .runtime import device_free_memory
-    from .likelihood import _cpu_kernel
+    from .likelihood.kernels import cpu as _cpu_kernel
 
     lines = [f"jaxphylo {jaxphylo.__version__}; JAX {jax.__version__}, jaxlib {jaxlib.__version__}; "
              f"backend {jax.default_backend()}",

@@ -1,8 +1,8 @@
-"""The C++ CPU kernel (XLA FFI custom calls, `_cpu_kernel`) against the JAX kernel it reproduces.
+"""The C++ CPU kernel (XLA FFI custom calls, `kernels.cpu`) against the JAX kernel it reproduces.
 
-Log-likelihoods against `_peeling`'s post-order, and every cotangent (P, pi,
+Log-likelihoods against `kernels.xla`'s post-order, and every cotangent (P, pi,
 category weights, the tip table through the tips) against the custom VJP of
-`_kernel`, with 4, 20 and 61 states, one tree and a batch of three, missing
+`kernels.pattern_log_likelihoods`, with 4, 20 and 61 states, one tree and a batch of three, missing
 data, float64 and float32; a 2,000-taxon tree (rescaling); vmap; bad input.
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo.tree import branch_index, device_schedule, phase_widths
-from jaxphylo.likelihood import _cpu_kernel, _kernel
+from jaxphylo.likelihood import kernels
 from jaxphylo.likelihood._api import batch_layout_lengths, kernel_arrays, layout_lengths, pattern_data
 
 MODELS = {
@@ -30,8 +30,8 @@ SMALL = (MODELS[4], 11, 90)  # the 4-state case's model, taxa and sites: the oth
 
 @pytest.fixture(autouse=True)
 def _library():
-    if not _cpu_kernel.available():
-        message = f"CPU kernel not built: {_cpu_kernel.unavailable_reason()}"
+    if not kernels.cpu.available():
+        message = f"CPU kernel not built: {kernels.cpu.unavailable_reason()}"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -73,9 +73,9 @@ _kernel_arrays = jax.jit(kernel_arrays, static_argnums=3)  # one compile, not op
 
 @jax.jit
 def jax_kernel(transition, pi, w, codes, table, schedule, g):
-    """The JAX kernel's log-likelihoods (its post-order, `_peeling.log_likelihoods_from(*post_order_partials(...))`)
-    and the cotangents of its custom VJP (`_kernel._backward`: the pre-order pass) for P, pi, w and the tip table."""
-    value, vjp = jax.vjp(lambda t, p, c, x: _kernel.pattern_log_likelihoods(t, p, c, codes, x, schedule),
+    """The JAX kernel's log-likelihoods (its post-order, `kernels.xla.log_likelihoods_from(*post_order_partials(...))`)
+    and the cotangents of its custom VJP (the pre-order pass) for P, pi, w and the tip table."""
+    value, vjp = jax.vjp(lambda t, p, c, x: kernels.pattern_log_likelihoods(t, p, c, codes, x, schedule),
                          transition, pi, w, table)
     return value, vjp(g)
 
@@ -97,14 +97,14 @@ def check_against(reference, cotangents, transition, pi, w, codes, table, schedu
     """The FFI calls on these inputs (in their dtype) against the JAX kernel's values and cotangents."""
     d_transition, d_pi, d_w, d_table = cotangents
     batch, states, dtype = transition.shape[0], transition.shape[-1], transition.dtype
-    ours, partials = _cpu_kernel.post_order(transition, codes, table, schedule, pi, w)
+    ours, partials = kernels.cpu.post_order(transition, codes, table, schedule, pi, w)
     assert ours.dtype == dtype and partials.shape == (batch, schedule.num_slots + 1) + transition.shape[2:3] + (
         codes.shape[1], states)
     close(ours, reference, tolerance)
-    np.testing.assert_array_equal(_cpu_kernel.log_likelihoods(transition, codes, table, schedule, pi, w), ours)
+    np.testing.assert_array_equal(kernels.cpu.log_likelihoods(transition, codes, table, schedule, pi, w), ours)
 
-    stored = _cpu_kernel.pre_order_cotangents(transition, codes, table, schedule, pi, w, partials, g)
-    recomputed = _cpu_kernel.cotangents(transition, codes, table, schedule, pi, w, g)
+    stored = kernels.cpu.pre_order_cotangents(transition, codes, table, schedule, pi, w, partials, g)
+    recomputed = kernels.cpu.cotangents(transition, codes, table, schedule, pi, w, g)
     assert stored[3].shape == (codes.shape[0], codes.shape[1], states) and recomputed[3].shape == table.shape
     for ours in (stored[:3] + (table_cotangent(stored[3], codes, table),), recomputed):
         assert all(x.dtype == dtype for x in ours)
@@ -142,18 +142,18 @@ def test_many_blocks_of_patterns_and_threads():
     g = jnp.asarray(np.random.default_rng(9).normal(size=(1, patterns)))
     pieces = np.array_split(np.arange(patterns), 13)
 
-    whole = _cpu_kernel.log_likelihoods(transition, codes, table, schedule, pi, w)
-    parts = [_cpu_kernel.log_likelihoods(transition, codes[:, k], table, schedule, pi, w) for k in pieces]
+    whole = kernels.cpu.log_likelihoods(transition, codes, table, schedule, pi, w)
+    parts = [kernels.cpu.log_likelihoods(transition, codes[:, k], table, schedule, pi, w) for k in pieces]
     np.testing.assert_array_equal(np.concatenate(parts, axis=1), whole)
 
     def stored(codes, g):
-        partials = _cpu_kernel.post_order(transition, codes, table, schedule, pi, w)[1]
-        d_transition, d_pi, d_w, d_tips = _cpu_kernel.pre_order_cotangents(
+        partials = kernels.cpu.post_order(transition, codes, table, schedule, pi, w)[1]
+        d_transition, d_pi, d_w, d_tips = kernels.cpu.pre_order_cotangents(
             transition, codes, table, schedule, pi, w, partials, g)
         return d_transition, d_pi, d_w, table_cotangent(d_tips, codes, table)
 
     def recomputed(codes, g):
-        return _cpu_kernel.cotangents(transition, codes, table, schedule, pi, w, g)
+        return kernels.cpu.cotangents(transition, codes, table, schedule, pi, w, g)
 
     for cotangents in (stored, recomputed):
         total = cotangents(codes, g)
@@ -166,9 +166,9 @@ def test_custom_vjps_give_the_cotangents():
     """`pattern_log_likelihoods` (recomputing) and `pattern_log_likelihoods_stored` under `jax.grad`, batch of 3."""
     transition, pi, w, codes, table, schedule = kernel_inputs(*SMALL[:3], 3, jnp.float64, seed=4, max_width=2)
     weights = jnp.asarray(np.random.default_rng(0).integers(1, 4, codes.shape[1]), jnp.float64)
-    value = jnp.sum(weights * _cpu_kernel.log_likelihoods(transition, codes, table, schedule, pi, w), axis=1)
-    expected = _cpu_kernel.cotangents(transition, codes, table, schedule, pi, w, jnp.tile(weights, (3, 1)))
-    for kernel in (_cpu_kernel.pattern_log_likelihoods, _cpu_kernel.pattern_log_likelihoods_stored):
+    value = jnp.sum(weights * kernels.cpu.log_likelihoods(transition, codes, table, schedule, pi, w), axis=1)
+    expected = kernels.cpu.cotangents(transition, codes, table, schedule, pi, w, jnp.tile(weights, (3, 1)))
+    for kernel in (kernels.cpu.pattern_log_likelihoods, kernels.cpu.pattern_log_likelihoods_stored):
         f = jax.jit(jax.value_and_grad(lambda t, p, c, x: jnp.sum(weights * kernel(t, p, c, codes, x, schedule)),
                                        argnums=(0, 1, 2, 3)))
         ours_value, ours = f(transition, pi, w, table)
@@ -182,7 +182,7 @@ def test_vmap_over_parameter_sets():
     scaled = jnp.stack([transition, transition ** 1.5 / jnp.sum(transition ** 1.5, axis=-1, keepdims=True)])
 
     def f(t):
-        return jnp.sum(_cpu_kernel.pattern_log_likelihoods(t, pi, w, codes, table, schedule))
+        return jnp.sum(kernels.cpu.pattern_log_likelihoods(t, pi, w, codes, table, schedule))
 
     values, grads = jax.jit(jax.vmap(jax.value_and_grad(f)))(scaled)
     for k in range(2):
@@ -195,11 +195,11 @@ def test_two_thousand_taxa_stay_finite():
     """Without rescaling, variable patterns would underflow (log L_c below -745); with it, all finite and equal."""
     transition, pi, w, codes, table, schedule = kernel_inputs(
         "HKY{2.0}+F{.3,.2,.2,.3}+G4{0.5}", 2000, 40, 1, jnp.float64, seed=11, max_width=256)
-    ours = _cpu_kernel.log_likelihoods(transition, codes, table, schedule, pi, w)
+    ours = kernels.cpu.log_likelihoods(transition, codes, table, schedule, pi, w)
     assert np.all(np.isfinite(ours)) and np.min(np.asarray(ours)) < -745
-    close(_cpu_kernel.post_order(transition, codes, table, schedule, pi, w)[0], ours, 1e-15)
+    close(kernels.cpu.post_order(transition, codes, table, schedule, pi, w)[0], ours, 1e-15)
     g = jnp.ones_like(ours)
-    d_transition, d_pi, d_w, d_table = _cpu_kernel.cotangents(transition, codes, table, schedule, pi, w, g)
+    d_transition, d_pi, d_w, d_table = kernels.cpu.cotangents(transition, codes, table, schedule, pi, w, g)
     for x in (d_transition, d_pi, d_w, d_table):
         assert np.all(np.isfinite(x))
     # d log L / d w_c summed with w_c is the number of patterns (log L is homogeneous of degree 1 in w).
@@ -211,7 +211,7 @@ def test_bad_schedules_are_errors_not_crashes():
     bad_root = jax.tree_util.tree_map(lambda x: x, schedule)
     object.__setattr__(bad_root, "root_row", jnp.full_like(schedule.root_row, schedule.num_slots))
     with pytest.raises(Exception, match="root_row is out of range"):
-        jax.block_until_ready(_cpu_kernel.log_likelihoods(transition, codes, table, bad_root, pi, w))
+        jax.block_until_ready(kernels.cpu.log_likelihoods(transition, codes, table, bad_root, pi, w))
     bad_codes = codes.at[0, 0].set(table.shape[0])
     with pytest.raises(Exception, match="tip code is outside"):
-        jax.block_until_ready(_cpu_kernel.post_order(transition, bad_codes, table, schedule, pi, w))
+        jax.block_until_ready(kernels.cpu.post_order(transition, bad_codes, table, schedule, pi, w))

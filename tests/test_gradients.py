@@ -9,7 +9,7 @@ from jax.flatten_util import ravel_pytree
 
 import jaxphylo as jp
 from conftest import internal_state_terms
-from jaxphylo.likelihood import _kernel, _peeling
+from jaxphylo.likelihood import kernels
 from jaxphylo.tree import branch_index
 from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, pattern_data
 
@@ -92,17 +92,17 @@ def test_kernel_cotangents_of_every_input_match_autodiff():
     def total(kernel, *args):
         return jnp.sum(cotangent * kernel(*args))
 
-    ours = jax.grad(total, argnums=(1, 2, 3, 5))(_kernel.pattern_log_likelihoods, transition, pi, weights, codes,
+    ours = jax.grad(total, argnums=(1, 2, 3, 5))(kernels.pattern_log_likelihoods, transition, pi, weights, codes,
                                                   table, schedule)
     plain = jax.grad(total, argnums=(1, 2, 3, 5))(
-        lambda *a: _peeling.pattern_log_likelihoods(*a, steps), transition, pi, weights, codes, table, schedule
+        lambda *a: kernels.xla.pattern_log_likelihoods(*a, steps), transition, pi, weights, codes, table, schedule
     )
     # The sentinel's P (last layout id) is the identity the padding reads; only autodiff sees a slope there.
     ours, plain = (ours[0][:, :-1],) + ours[1:], (plain[0][:, :-1],) + plain[1:]
     for a, b in zip(ours, plain):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * float(jnp.max(jnp.abs(b))))
     # Without the table among the differentiated inputs its cotangent is skipped; the others are unchanged.
-    without_table = jax.grad(total, argnums=(1, 2, 3))(_kernel.pattern_log_likelihoods, transition, pi, weights,
+    without_table = jax.grad(total, argnums=(1, 2, 3))(kernels.pattern_log_likelihoods, transition, pi, weights,
                                                         codes, table, schedule)
     for a, b in zip((without_table[0][:, :-1],) + without_table[1:], ours[:3]):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=0)

@@ -177,11 +177,11 @@ def test_schedule_covers_every_internal_node_once(max_width):
 def test_trimmed_schedule_has_a_row_per_used_slot_and_the_same_likelihood(kernel, monkeypatch):
     """`trim_slots` (one known topology) keeps the used slots only; value and gradient are unchanged, with the
     C++ kernel and with the JAX kernels (a GPU's)."""
-    from jaxphylo import _schedule
-    from jaxphylo.likelihood import _cpu_kernel
+    from jaxphylo import tree as _schedule
+    from jaxphylo.likelihood import kernels
 
     if kernel == "jax":
-        monkeypatch.setattr(_cpu_kernel, "available", lambda: False)
+        monkeypatch.setattr(kernels.cpu, "available", lambda: False)
         jax.clear_caches()  # the jitted kernel choice is made when tracing
     from jaxphylo.likelihood._api import _pattern_log_likelihoods, branch_index, exact_steps, pattern_data
 

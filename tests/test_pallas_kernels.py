@@ -14,7 +14,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo.tree import device_schedule, phase_widths
-from jaxphylo.likelihood import _kernel, _pallas, _peeling
+from jaxphylo.likelihood import kernels
 from jaxphylo.likelihood._api import PatternData, batch_layout_lengths, model_arrays
 
 
@@ -37,10 +37,10 @@ def _problem(taxa=7, patterns=200, trees=2, model="HKY{2.5}+F{0.3,0.2,0.2,0.3}+G
 
 
 def _total(kernel: str, monkeypatch):
-    monkeypatch.setenv(_pallas.KERNEL_ENV, kernel)
+    monkeypatch.setenv(kernels.KERNEL_ENV, kernel)
 
     def total(transition, pi, w, codes, table, weights, schedule):
-        per = _kernel.pattern_log_likelihoods(transition, pi, w, codes, table, schedule)
+        per = kernels.pattern_log_likelihoods(transition, pi, w, codes, table, schedule)
         return jnp.sum(per * weights)
 
     return jax.jit(jax.value_and_grad(total, argnums=(0, 1, 2)))  # a new function: traced afresh per kernel
@@ -60,8 +60,8 @@ def test_pallas_post_order_equals_xla_rows(monkeypatch):
     """Every partials row and log scale factor, not just their sum (the other callers read rows)."""
     arrays, _, schedule = _problem(taxa=6, patterns=130, trees=1, model="GTR{1,2,1,1,3}+FQ+I{0.2}+G2{0.4}")
     transition, _, _, codes, table = arrays
-    want = _peeling.post_order_partials(transition, codes, table, schedule)
-    got = _pallas.post_order_partials(transition, codes, table, schedule)
+    want = kernels.xla.post_order_partials(transition, codes, table, schedule)
+    got = kernels.pallas.post_order_partials(transition, codes, table, schedule)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-13, atol=1e-15)
 
@@ -78,28 +78,28 @@ def test_pallas_blocks_equal_xla_passes(model, options, monkeypatch):
     for got, want in zip(pallas_grads, grads):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(want))))
     transition, _, _, codes, table = arrays
-    for got, want in zip(_pallas.post_order_partials(transition, codes, table, schedule),
-                         _peeling.post_order_partials(transition, codes, table, schedule)):
+    for got, want in zip(kernels.pallas.post_order_partials(transition, codes, table, schedule),
+                         kernels.xla.post_order_partials(transition, codes, table, schedule)):
         np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
 
 
 def test_kernel_choice(monkeypatch):
     """XLA unless `JAXPHYLO_KERNEL=pallas`; a misspelt choice is an error naming the variable."""
-    monkeypatch.delenv(_pallas.KERNEL_ENV, raising=False)
-    assert not _pallas.wanted(4)
-    monkeypatch.setenv(_pallas.KERNEL_ENV, "pallas")
-    assert _pallas.wanted(4) and _pallas.wanted(61) and _pallas.blocked(20) and not _pallas.blocked(4)
-    monkeypatch.setenv(_pallas.KERNEL_ENV, "trition")
+    monkeypatch.delenv(kernels.KERNEL_ENV, raising=False)
+    assert not kernels.pallas_wanted(4)
+    monkeypatch.setenv(kernels.KERNEL_ENV, "pallas")
+    assert kernels.pallas_wanted(4) and kernels.pallas_wanted(61) and kernels.pallas.blocked(20) and not kernels.pallas.blocked(4)
+    monkeypatch.setenv(kernels.KERNEL_ENV, "trition")
     with pytest.raises(jp.InputError, match="JAXPHYLO_KERNEL='trition'"):
-        _pallas.wanted(4)
+        kernels.pallas_wanted(4)
 
 
 def test_pallas_walk_equals_steps(monkeypatch):
     """Small trees walk every node in one launch per pass; it must give the steps' value and gradient."""
     arrays, weights, schedule = _problem(taxa=5, patterns=130, trees=1, model="HKY{2.5}+F{0.3,0.2,0.2,0.3}")
-    monkeypatch.setattr(_pallas, "WALK_MAX_TIPS", 0)
+    monkeypatch.setattr(kernels.pallas, "WALK_MAX_TIPS", 0)
     steps = _total("pallas", monkeypatch)(*arrays, weights, schedule)
-    monkeypatch.setattr(_pallas, "WALK_MAX_TIPS", 64)
+    monkeypatch.setattr(kernels.pallas, "WALK_MAX_TIPS", 64)
     walked = _total("pallas", monkeypatch)(*arrays, weights, schedule)
     np.testing.assert_allclose(walked[0], steps[0], rtol=1e-12)
     for got, want in zip(walked[1], steps[1]):

@@ -23,7 +23,7 @@ from conftest import dataset, require
 import jaxphylo as jp
 from jaxphylo import InputError, ModelError
 from jaxphylo.io import PartitionScheme, SiteRange, read_partitions
-from jaxphylo.likelihood import _cpu_kernel
+from jaxphylo.likelihood import kernels
 from jaxphylo.models import part_alignments, partitioned_data, partitioned_data_log_likelihoods
 
 LASSA_MODELS = ("HKY{3.0}+F+G4{0.4}", "HKY{4.0}+F+G4{0.3}", "GTR{1.0,5.0,0.8,1.2,6.0}+F+G4{1.5}")
@@ -169,7 +169,7 @@ def test_link_modes_sum_the_parts_in_one_call_per_group(example, tmp_path, monke
     jaxpr = jax.make_jaxpr(lambda m: partitioned_data_log_likelihoods(data, tree, m))(proportional)
     assert count_primitives(jaxpr.jaxpr, collections.Counter())["custom_vjp_call"] == 2
     # The JAX kernel (the GPU path) under vmap gives the same as the C++ CPU kernel.
-    monkeypatch.setattr(_cpu_kernel, "available", lambda: False)
+    monkeypatch.setattr(kernels.cpu, "available", lambda: False)
     assert float(jp.log_likelihood(alignment, tree, unlinked)) == pytest.approx(values["unlinked"], abs=1e-8)
 
 

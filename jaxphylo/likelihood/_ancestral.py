@@ -11,8 +11,7 @@ from .._errors import InputError
 from ..tree import Schedule, Tree
 from ..models import Model
 from ._api import PatternData, kernel_arrays, layout_lengths, prepare
-from ._peeling import post_order_partials
-from ._preorder import marginals, pre_order_partials
+from .kernels import marginals, post_order_partials, pre_order_partials
 
 
 @eqx.filter_jit

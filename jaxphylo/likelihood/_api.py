@@ -12,10 +12,8 @@ from ..data import Alignment
 from .._errors import InputError, ModelError
 from ..tree import Schedule, Tree, TreeBatch, branch_index, build_schedule, device_schedule, phase_widths, trim_slots
 from ..models import Model
-from . import _cpu_kernel
-from . import _kernel as _kernel_module
-from . import _peeling
-from ._peeling import exact_steps
+from . import kernels
+from .kernels import exact_steps
 
 PRECISIONS = {"float64": jnp.float64, "float32": jnp.float32}
 
@@ -124,11 +122,11 @@ def _kernel(arrays, schedule, static_steps, autodiff=False):
     # constant-fold the first steps (seconds of compile time, and a program per topology). Keep it opaque.
     schedule = jax.lax.optimization_barrier(schedule)
     if autodiff:
-        return _peeling.pattern_log_likelihoods(*arrays, schedule, static_steps)
-    if jax.default_backend() == "cpu" and _cpu_kernel.available():
+        return kernels.xla.pattern_log_likelihoods(*arrays, schedule, static_steps)
+    if kernels.cpu_wanted():
         # One C++ call per pass instead of XLA's many small ops per level (issue #19: 10-100x on a CPU).
-        return _cpu_kernel.pattern_log_likelihoods(*arrays, schedule)
-    return _kernel_module.pattern_log_likelihoods(*arrays, schedule, static_steps)
+        return kernels.cpu.pattern_log_likelihoods(*arrays, schedule)
+    return kernels.pattern_log_likelihoods(*arrays, schedule, static_steps)
 
 
 @eqx.filter_jit

@@ -29,7 +29,7 @@ import numpy as np
 from ..models import PartitionedModel
 from ..runtime import ResourceError, device_free_memory, gib, resident_bytes
 from ..tree import Tree, TreeBatch
-from . import _cpu_kernel
+from .kernels import cpu_wanted
 from ._api import PRECISIONS, PatternData, batch_data_log_likelihoods
 
 CPU_KERNEL_BLOCK = 8 << 20  # bytes of scratch per CPU-kernel thread (likelihood/_cpu/peeling.cc)
@@ -190,7 +190,7 @@ def outside_bytes(device) -> int:
     if device.platform != "cpu":
         return 0
     threads = int(os.environ.get("JAXPHYLO_CPU_THREADS", os.cpu_count() or 1))
-    return resident_bytes() + (CPU_KERNEL_BLOCK * threads if _cpu_kernel.available() else 0)
+    return resident_bytes() + (CPU_KERNEL_BLOCK * threads if cpu_wanted() else 0)
 
 
 def check_fits(cost: Cost) -> None:

@@ -19,8 +19,7 @@ from ..runtime import product_precision
 from ..tree import Schedule, Tree
 from ..models import Model
 from ._api import PatternData, kernel_arrays, layout_lengths, prepare
-from ._peeling import log_likelihoods_from, post_order_partials
-from ._preorder import branch_derivative_visitor, pre_order_partials
+from .kernels import branch_derivative_visitor, log_likelihoods_from, post_order_partials, pre_order_partials
 
 
 def layout_branch_derivatives(model: Model, lengths: Float[Array, "B ids"], data: PatternData,

@@ -31,9 +31,8 @@ from jaxtyping import Array, Bool, Float, Int
 from ..runtime import product_precision
 from ..tree import device_schedule, kernel_children, mask_like
 from ..likelihood._api import batch_layout_lengths, kernel_arrays
-from ..likelihood._peeling import (apply_transition, child_partials, gather_rows, level_loop, log_likelihoods_from,
+from ..likelihood.kernels import (apply_transition, pre_order_partials, child_partials, gather_rows, level_loop, log_likelihoods_from,
                                    post_order_partials, step_children, write_rows)
-from ..likelihood._preorder import pre_order_partials
 from ..models import PartitionedModel
 from ..models._partitioned import group_kernel_arrays, part_layout_lengths
 from ._parameters import MAX_LENGTH, MIN_LENGTH

@@ -422,9 +422,9 @@ def partitioned_data_log_likelihoods(data: PartitionedData, tree, model: Partiti
     """
     from ..tree import branch_index, build_schedule
     from ..tree import Tree
-    from ..likelihood import _cpu_kernel
+    from ..likelihood.kernels import cpu_wanted
     from ..likelihood._api import PRECISIONS, STEP_BYTES, _check_options
-    from ..likelihood._peeling import exact_steps
+    from ..likelihood.kernels import exact_steps
 
     _check_options(precision, "preorder")
     if not isinstance(tree, Tree):
@@ -435,7 +435,7 @@ def partitioned_data_log_likelihoods(data: PartitionedData, tree, model: Partiti
     schedule = build_schedule(tree.topology, max(1, STEP_BYTES // (widest * jnp.dtype(dtype).itemsize)))
     # Static step counts give the JAX kernel's level loops trip counts XLA knows; the C++ CPU kernel
     # ignores them, and leaving them out there lets every topology of a size share one program.
-    cpu = jax.default_backend() == "cpu" and _cpu_kernel.available()
+    cpu = cpu_wanted()
     return _part_log_likelihoods(model.models, model.part_branch_lengths(tree.branch_lengths), data, schedule,
                                  branch_index(tree.topology), dtype, None if cpu else exact_steps(schedule))
 

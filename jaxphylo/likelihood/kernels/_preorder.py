@@ -19,9 +19,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ..runtime import product_precision
-from ..tree import Schedule
-from ._peeling import apply_transition, child_partials, gather_rows, level_loop, rescale, step_children
+from ...runtime import product_precision
+from ...tree import Schedule
+from ._walk import gather_rows, level_loop, step_children
+from ._xla import apply_transition, child_partials, rescale
 
 
 def pre_order_partials(

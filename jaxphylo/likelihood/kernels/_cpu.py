@@ -47,9 +47,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from ..tree import Schedule
+from ...tree import Schedule
 
-_FOLDER = Path(__file__).resolve().with_name("_cpu")
+_FOLDER = Path(__file__).resolve().with_name("cpp")
 _TARGETS = {"post": "jaxphylo_post_order", "pre": "jaxphylo_pre_order_cotangents",
             "likelihood": "jaxphylo_log_likelihoods", "cotangents": "jaxphylo_cotangents"}
 _state: dict = {}

@@ -31,7 +31,6 @@ passes.
 from __future__ import annotations
 
 import functools
-import os
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -40,31 +39,19 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
-from .._errors import InputError
-from ..runtime import product_precision
-from ..tree import Schedule
-from . import _pallas_blocks, _pallas_vectors
+from ...runtime import product_precision
+from ...tree import Schedule
+from . import _pallas_blocks
+from . import _pallas_vectors
 from ._pallas_blocks import padded_states
 from ._pallas_vectors import VECTOR_STATES
+from ._walk import level_loop, step_children
 
 PATTERN_TILE = 128  # patterns per program for vectors; with NUM_WARPS the best measured (pallas_probe-gpu.json)
 BLOCK_ELEMENTS = 2048  # a block tile holds T x S of them: T = 32 for codons, 64 for amino acids (probe_dot, H100)
 NUM_WARPS = 4
 WALK_MAX_TIPS = 32  # up to this many taxa a pass is one launch walking the nodes: H100, pallas_probe-walk-gpu.json
 MAX_STATES = 64  # codons, padded to 64
-KERNEL_ENV = "JAXPHYLO_KERNEL"
-
-
-def wanted(states: int) -> bool:
-    """Whether the passes use the Pallas kernels for `states` states: `JAXPHYLO_KERNEL=pallas` (default `xla`).
-
-    Opt-in. On an H100 they are 1.15-1.5x faster on single trees and 2.4-3.3x on batches of trees (MC³), but
-    NUTS with 4 chains under `vmap` took 4.1 ms per gradient step against XLA's 2.1, and Triton compiles
-    each program 2-6x longer (README, "Pallas kernels")."""
-    choice = os.environ.get(KERNEL_ENV, "xla").lower()
-    if choice not in ("pallas", "xla"):
-        raise InputError(f"{KERNEL_ENV}={choice!r}: expected 'pallas' or 'xla'")
-    return choice == "pallas" and states <= MAX_STATES
 
 
 def blocked(states: int) -> bool:
@@ -156,7 +143,6 @@ def post_order_tiled(transition: Float[Array, "B ids C S S"], root_frequencies: 
                      tip_table: Float[Array, "codes S"], schedule: Schedule, static_steps=None,
                      interpret: bool | None = None) -> TiledPartials:
     """The post-order pass in the kernels' tiled layout: one launch per step, or one walk for small trees."""
-    from ._peeling import level_loop
 
     b, _, c, s, _ = transition.shape
     layout, interpret = _Layout.of(s), _interpret(interpret)
@@ -246,7 +232,6 @@ def transition_cotangents(
     the end. Blocks: each step's kernel writes `s`, `p` and `g_c / n_c`, and
     a batched matrix product contracts them over patterns.
     """
-    from ._peeling import level_loop
 
     b, rows, tiles = tiled.partials.shape[:3]
     c, s = transition.shape[2], transition.shape[-1]
@@ -286,7 +271,6 @@ def transition_cotangents(
 def _block_cotangents(call, inputs, arguments, q, schedule: Schedule, static_steps):
     """The blocks' pre-order pass: per step, the kernel's `s`, `p` and `g_c / n_c`, contracted over patterns
     into `sum_c (g_c / n_c) s_c p_c^T` for both children of every node of the step."""
-    from ._peeling import level_loop, step_children
 
     transition = arguments[2]
     b, _, tiles, c, tile, s = q.shape

@@ -18,10 +18,11 @@ import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jaxtyping import Array, Float, Int
 
-from ..runtime import product_precision
-from ..tree import Schedule
+from ...runtime import product_precision
+from ...tree import Schedule
 from . import _pallas
-from ._peeling import log_likelihoods_from, post_order_partials, root_sum
+from ._backend import pallas_wanted, post_order_partials
+from ._xla import log_likelihoods_from, root_sum
 from ._preorder import pre_order_partials, transition_cotangent_visitor
 
 
@@ -43,7 +44,7 @@ def pattern_log_likelihoods(
 
 
 def _forward(transition, root_frequencies, category_weights, tip_codes, tip_table, schedule, static_steps=None):
-    if _pallas.wanted(tip_table.shape[1]):
+    if pallas_wanted(tip_table.shape[1]):
         # The Pallas passes keep their tiled layout between the two passes.
         tiled = _pallas.post_order_tiled(transition, root_frequencies, category_weights, tip_codes, tip_table,
                                          schedule, static_steps)

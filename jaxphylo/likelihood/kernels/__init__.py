@@ -1,0 +1,45 @@
+"""The likelihood kernels: array-level passes over a level schedule, one file per backend.
+
+The contract every backend keeps (`_xla.py` is the reference the others are tested against):
+
+- inputs: transition matrices `P [B, ids, C, S, S]` indexed by layout id (tip `t` is `t`, slot `r` is
+  `N + r`, the sentinel last), root frequencies `pi [B, S]`, category weights `w [B, C]`, tip codes
+  `[N + 1, patterns]` (the last row all-missing) with the tip table `[codes, S]`, and a `Schedule`;
+- post-order: rescaled partials `[B, slots + 1, C, patterns, S]` and log scale factors per slot and
+  pattern; `log L_c = log(sum_r w_r pi^T p_root,r,c) + sum_k log scale_k,c`;
+- `pattern_log_likelihoods(P, pi, w, codes, table, schedule) -> [B, patterns]`, differentiable in
+  `P`, `pi`, `w` and the table by the pre-order pass (a `jax.custom_vjp`).
+
+Backends: `xla` (level-batched XLA ops, everywhere), `pallas` (Triton programs per level, opt-in on
+GPUs), `cpu` (the C++ XLA FFI kernel, `cpp/`). `_backend.py` chooses among them, and nothing else
+does. A new backend is a file beside these (copy `_pallas.py`'s shape: a post-order pass, a
+pre-order pass) plus one branch in `_backend.py`.
+"""
+
+from . import _cpu as cpu, _pallas as pallas, _xla as xla  # noqa: F401 (the backends, by name)
+from ._backend import (
+    KERNEL_ENV as KERNEL_ENV,
+    cpu_wanted as cpu_wanted,
+    pallas_wanted as pallas_wanted,
+    post_order_partials as post_order_partials,
+)
+from ._preorder import (
+    branch_derivative_visitor as branch_derivative_visitor,
+    marginals as marginals,
+    pre_order_partials as pre_order_partials,
+)
+from ._vjp import pattern_log_likelihoods as pattern_log_likelihoods
+from ._walk import (
+    exact_steps as exact_steps,
+    gather_rows as gather_rows,
+    level_loop as level_loop,
+    step_children as step_children,
+    write_rows as write_rows,
+)
+from ._xla import (
+    apply_transition as apply_transition,
+    child_partials as child_partials,
+    log_likelihoods_from as log_likelihoods_from,
+    rescale as rescale,
+    root_sum as root_sum,
+)

@@ -1,0 +1,50 @@
+"""Which kernel runs a pass: chosen here, and only here.
+
+- `cpu`: the C++ XLA FFI kernel (`_cpu`), on the CPU backend when it was built;
+- `pallas`: the Pallas/Triton kernels (`_pallas`), opt-in on a GPU with `JAXPHYLO_KERNEL=pallas`;
+- `xla`: the level-batched XLA passes (`_xla`, `_preorder`), everywhere else and the reference.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+from jaxtyping import Array, Float, Int
+
+from ..._errors import InputError
+from ...tree import Schedule
+from . import _cpu, _pallas, _xla
+
+KERNEL_ENV = "JAXPHYLO_KERNEL"
+
+
+def cpu_wanted() -> bool:
+    """Whether whole likelihood calls go to the C++ kernel: on the CPU backend, when it was built."""
+    return jax.default_backend() == "cpu" and _cpu.available()
+
+
+def pallas_wanted(states: int) -> bool:
+    """Whether the passes use the Pallas kernels for `states` states: `JAXPHYLO_KERNEL=pallas` (default `xla`).
+
+    Opt-in. On an H100 they are 1.15-1.5x faster on single trees and 2.4-3.3x on batches of trees (MC³), but
+    NUTS with 4 chains under `vmap` took 4.1 ms per gradient step against XLA's 2.1, and Triton compiles
+    each program 2-6x longer (README, "Pallas kernels")."""
+    choice = os.environ.get(KERNEL_ENV, "xla").lower()
+    if choice not in ("pallas", "xla"):
+        raise InputError(f"{KERNEL_ENV}={choice!r}: expected 'pallas' or 'xla'")
+    return choice == "pallas" and states <= _pallas.MAX_STATES
+
+
+def post_order_partials(
+    transition: Float[Array, "B ids C S S"],
+    tip_codes: Int[Array, "tips_plus_one patterns"],
+    tip_table: Float[Array, "codes S"],
+    schedule: Schedule,
+    static_steps=None,
+) -> tuple[Float[Array, "B rows C patterns S"], Float[Array, "B rows patterns"]]:
+    """Rescaled partials of every slot (and the sentinel row) and their per-pattern log scale factors, by
+    Pallas when wanted, else XLA (same outputs, same layout)."""
+    if pallas_wanted(tip_table.shape[1]):
+        return _pallas.post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
+    return _xla.post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
