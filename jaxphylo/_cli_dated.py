@@ -41,6 +41,8 @@ def run_free_topology(args) -> None:
     from jaxphylo.inference._dated_mcmc import DatedSettings
     from jaxphylo.inference._dated_run import _check_speciation_tips, _tip_heights, dated_mcmc
 
+    from .cli import SAMPLE_MODEL
+
     if args.p or args.q or args.Q:
         raise JaxphyloError("--topology free takes one model for the whole alignment (no -p/-q/-Q yet)")
     prior = args.tree_prior or "coalescent"
@@ -67,8 +69,8 @@ def run_free_topology(args) -> None:
         print(f"# {len(alignment.taxa)} taxa, {alignment.site_patterns().num_patterns} patterns; "
               f"{settings.chains} chains x {settings.generations} generations", file=sys.stderr)
         return
-    result = dated_mcmc(alignment, args.model, tip_dates, clock=args.clock, tree_prior=prior, tree=tree,
-                        settings=settings, skygrid_intervals=args.skygrid_intervals,
+    result = dated_mcmc(alignment, args.model or SAMPLE_MODEL, tip_dates, clock=args.clock, tree_prior=prior,
+                        tree=tree, settings=settings, skygrid_intervals=args.skygrid_intervals,
                         skygrid_cutoff=args.skygrid_cutoff, seed=args.seed, precision=args.precision, out=args.out,
                         resume=args.resume, progress=progress, stop=args.stop, burnin=burnin)
     rows = result.summary()

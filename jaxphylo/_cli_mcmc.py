@@ -14,7 +14,8 @@ import sys
 def add_mcmc_command(subparsers) -> None:
     mcmc = subparsers.add_parser("mcmc", help="Bayesian tree inference: Metropolis-coupled MCMC (MrBayes's MC³)")
     mcmc.add_argument("alignment", help="FASTA, PHYLIP or NEXUS alignment")
-    mcmc.add_argument("--model", "-m", required=True, help="substitution model, e.g. JC, HKY+G4, GTR+I+G4")
+    mcmc.add_argument("--model", "-m", help="substitution model, e.g. JC, HKY+G4, GTR+I+G4; with -p/-q/-Q: the model "
+                                            "of the parts that name none (not needed when all do)")
     mcmc.add_argument("--runs", type=int, default=2, help="independent runs (default 2)")
     mcmc.add_argument("--chains", type=int, default=4, help="chains per run, one cold (default 4)")
     mcmc.add_argument("--generations", type=int, default=100_000, help="generations per chain at most")
@@ -54,11 +55,12 @@ def run_mcmc(args) -> None:
     from jaxphylo.inference._mc3_run import mc3
 
     from ._cli_env import mesh_choice
-    from .cli import partition_choice, partitioned_model_of
+    from .cli import model_or_partitions, partition_choice, partitioned_model_of
 
+    model_string = model_or_partitions(args, "mcmc")
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type)
     partitions = partition_choice(args)
-    model = partitioned_model_of(args, alignment, args.model) if partitions else args.model
+    model = partitioned_model_of(args, alignment, model_string) if partitions else model_string
     jp.ml.check_inputs(alignment, model)
     settings = MC3Settings(runs=args.runs, chains=args.chains, generations=args.generations,
                            sample_every=args.sample_every, temperature=args.temperature, stop_asdsf=args.stop_asdsf,

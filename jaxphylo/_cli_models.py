@@ -16,7 +16,10 @@ def add_models_command(subparsers) -> None:
     models.add_argument("alignment", help="FASTA, PHYLIP or NEXUS alignment (DNA or protein)")
     models.add_argument("--tree", "-t", help="fit every candidate on this topology (default: BIONJ)")
     models.add_argument("--mset", help="substitution models to test, comma-separated (IQ-TREE's -mset), e.g. HKY,TN,GTR")
-    models.add_argument("--mrate", help="rate types to test, comma-separated (IQ-TREE's -mrate): E,I,G,I+G,R,I+R")
+    models.add_argument("--mrate", help="rate types to test, comma-separated (IQ-TREE's -mrate): E,I,G,I+G,R,I+R; "
+                        "R is +R2..+R10, stopping once the criterion worsens. Given, every type is fitted for every model; "
+                        "the default (IQ-TREE's AUTO: E,I,G,I+G,R) keeps after the first model only the types "
+                        "within 10 of its best, as IQ-TREE does")
     models.add_argument("--candidates", help="exact models to test instead, comma-separated, e.g. HKY+G4,GTR+I+G4")
     models.add_argument("-p", "--partitions", metavar="FILE",
                         help="select a model for every part of this partition file (NEXUS sets or RAxML-style), on "

@@ -36,8 +36,9 @@ def _loglik(args) -> None:
         alignment_path, tree_path = _example_paths()
         model_string = args.model or EXAMPLE_MODEL
     else:
-        if not (args.alignment and args.tree and args.model):
-            raise JaxphyloError("loglik needs ALIGNMENT TREE --model STRING (or --example)")
+        if not (args.alignment and args.tree and (args.model or partition_choice(args))):
+            raise JaxphyloError("loglik needs ALIGNMENT TREE --model STRING (or -p/-q/-Q FILE naming every part's "
+                                "model, or --example)")
         alignment_path, tree_path, model_string = args.alignment, args.tree, args.model
     alignment = jp.read_alignment(alignment_path, data_type=args.data_type, genetic_code=args.genetic_code)
     tree = jp.read_tree(tree_path)
@@ -55,13 +56,15 @@ def _loglik(args) -> None:
             print(f"# part {name}: {part:.6f}", file=sys.stderr)
     if args.example or args.verbose:
         patterns = alignment.site_patterns().num_patterns
+        shown = model_string or ", ".join(f"{m}:{n}" for m, n in zip(model.model_strings, model.names))
         print(f"# {alignment_path}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, "
-              f"{patterns} patterns; model {model_string}; {args.precision}; {elapsed:.2f} s", file=sys.stderr)
+              f"{patterns} patterns; model {shown}; {args.precision}; {elapsed:.2f} s", file=sys.stderr)
     print(f"{value:.6f}")
 
 
 def _loglik_model(jp, args, alignment, model_string):
-    """The model string's model, or with -p/-q/-Q FILE a partitioned one (the string: parts without a model)."""
+    """The model string's model, or with -p/-q/-Q FILE a partitioned one (the string, or None without -m: parts
+    without a model)."""
     if partition_choice(args) is None:
         return jp.parse_model(model_string, alignment=alignment)
     rates = None
@@ -92,13 +95,37 @@ def partition_choice(args) -> tuple[str, str] | None:
     return flags[0] if flags else None
 
 
-def partitioned_model_of(args, alignment, default_model: str, rates=None, scheme=None):
-    """The partitioned model of -p/-q/-Q: the file's models, `default_model` for parts without one."""
+def partitioned_model_of(args, alignment, default_model: str | None, rates=None, scheme=None):
+    """The partitioned model of -p/-q/-Q: the file's models, `default_model` (-m; None without it) for parts
+    without one."""
     import jaxphylo as jp
 
     path, link = partition_choice(args)
     scheme = scheme or jp.read_partitions(path)
+    require_part_models(scheme, default_model)
     return jp.partitioned_model(scheme, alignment, default_model=default_model, link=link, rates=rates)
+
+
+def require_part_models(scheme, default_model: str | None) -> None:
+    """Without -m every part of the partition file must name its model (as in IQ-TREE's `charpartition mine =
+    HKY+G4:gene1, ...`): else a one-line error naming the first part without one and its line."""
+    if default_model is not None:
+        return
+    for k, (name, model) in enumerate(zip(scheme.names, scheme.models)):
+        if model is None:
+            raise JaxphyloError(f"{scheme._where(k)}: part {name!r} names no model; give -m MODEL (the model of "
+                                "the parts that name none) or name its model in the file")
+
+
+def model_or_partitions(args, command: str, default: str | None = None) -> str | None:
+    """-m, else `default`; without either, -p/-q/-Q FILE must name every part's model (checked when it is read)."""
+    model = args.model or default
+    if model is None and partition_choice(args) is None:
+        raise JaxphyloError(f"{command} needs --model MODEL (or -p/-q/-Q FILE naming every part's model)")
+    return model
+
+
+SAMPLE_MODEL = "HKY+G4"  # sample's model without -m (with -p/-q/-Q FILE: none, the file names every part's)
 
 
 def _sample(args) -> None:
@@ -127,7 +154,10 @@ def _sample(args) -> None:
     else:
         alignment_path, tree_path = args.alignment, args.tree
     partitions, link = partition_choice(args) or (None, "proportional")
-    analysis = Analysis(model=args.model, clock=args.clock, tree_prior=args.tree_prior,
+    model_string = model_or_partitions(args, "sample", None if partitions else SAMPLE_MODEL)
+    if partitions:
+        require_part_models(jp.read_partitions(partitions), model_string)
+    analysis = Analysis(model=model_string, clock=args.clock, tree_prior=args.tree_prior,
                         branch_rate=args.branch_rate, priors=args.priors, precision=args.precision,
                         partitions=partitions, link=link)
     alignment = jp.read_alignment(alignment_path, data_type=args.data_type, genetic_code=args.genetic_code)
@@ -182,14 +212,15 @@ def _ml(args) -> None:
     prefix = args.out or args.alignment
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type, genetic_code=args.genetic_code)
     partitions = partition_choice(args)
+    model_string = model_or_partitions(args, "ml")
     if args.tree and args.te:
         raise JaxphyloError("give --tree (a start for the search) or -te (a fixed topology), not both")
     fixed = jp.read_tree(args.te) if args.te else None
     start = jp.read_tree(args.tree) if args.tree else fixed
     if args.bootstrap and fixed is not None:
         raise JaxphyloError("--bootstrap searches a tree per replicate; it does not combine with -te")
-    selecting = args.model.upper() in ("MF", "MFP")
-    model = partitioned_model_of(args, alignment, args.model) if partitions and not selecting else args.model
+    selecting = _selecting(model_string)
+    model = partitioned_model_of(args, alignment, model_string) if partitions and not selecting else model_string
     # Bad input fails here, before any output (with MF/MFP only the start tree can be checked yet).
     ml.check_inputs(alignment, None if selecting else model, start)
     settings = ml.SearchSettings(patience=args.patience, batch=args.batch, radius=args.radius)
@@ -210,9 +241,9 @@ def _ml(args) -> None:
         log_file.flush()
 
     log(f"# jaxphylo ml {args.alignment}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, "
-        f"{alignment.site_patterns().num_patterns} patterns; model {args.model}")
+        f"{alignment.site_patterns().num_patterns} patterns; model {model_string or 'per part: ' + partitions[0]}")
     if selecting:  # IQ-TREE's -m MF (select only) and -m MFP (select, then search with the winner)
-        model = _ml_select(alignment, start, partitions, args, prefix, log)
+        model = _ml_select(alignment, start, partitions, args, model_string, prefix, log)
         if model is None:
             log_file.close()
             return
@@ -265,7 +296,7 @@ def _ml(args) -> None:
     print(f"{result.log_likelihood:.6f}")
 
 
-def _ml_select(alignment, start, partitions, args, prefix, log):
+def _ml_select(alignment, start, partitions, args, model_string, prefix, log):
     """-m MF/MFP: ModelFinder (per part with -p/-q); the model to search with, or None after MF."""
     import dataclasses
 
@@ -277,7 +308,7 @@ def _ml_select(alignment, start, partitions, args, prefix, log):
         chosen = ml.select_model(alignment, start, criterion="BIC", progress=progress)
         chosen.to_tsv(f"{prefix}.models.tsv")
         log(f"# best-fit model (BIC): {chosen.best}; table in {prefix}.models.tsv")
-        if args.model.upper() == "MF":
+        if model_string.upper() == "MF":
             print(chosen.best)
             return None
         return chosen.best_model
@@ -289,11 +320,16 @@ def _ml_select(alignment, start, partitions, args, prefix, log):
         handle.write(ml.best_scheme_nexus(scheme, selections))
     best = ", ".join(f"{selections[name].best}:{name}" for name in scheme.names)
     log(f"# best-fit models (BIC): {best}; tables in {prefix}.PART.models.tsv, scheme in {prefix}.best_scheme.nex")
-    if args.model.upper() == "MF":
+    if model_string.upper() == "MF":
         print(best)
         return None
     scheme = dataclasses.replace(scheme, models=tuple(selections[name].best_model for name in scheme.names))
     return partitioned_model_of(args, alignment, "GTR+G4", scheme=scheme)
+
+
+def _selecting(model_string: str | None) -> bool:
+    """-m MF or MFP: ModelFinder."""
+    return model_string is not None and model_string.upper() in ("MF", "MFP")
 
 
 def _ml_dry_run(alignment, start, model, args, settings) -> None:
@@ -304,7 +340,7 @@ def _ml_dry_run(alignment, start, model, args, settings) -> None:
 
     tree = start or jp.random_topology_tree(alignment.taxa, seed=args.seed)
     largest = "GTR+F+R10" if alignment.alphabet.num_states == 4 else "LG+F+R10"  # MF/MFP: the largest candidate
-    model, _ = jp.ml._fit.resolve_model(largest if args.model.upper() in ("MF", "MFP") else model, alignment)
+    model, _ = jp.ml._fit.resolve_model(largest if _selecting(args.model) else model, alignment)
     batch = 2 * max(args.batch, args.starts)
     data = jp.models.partitioned_data(alignment, tree, model) if isinstance(model, jp.PartitionedModel) else \
         pattern_data(alignment, tree)
@@ -392,7 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     loglik = commands.add_parser("loglik", help="print the log-likelihood of an alignment on a fixed tree")
     loglik.add_argument("alignment", nargs="?", help="FASTA, PHYLIP or NEXUS alignment")
     loglik.add_argument("tree", nargs="?", help="Newick or NEXUS tree with branch lengths")
-    loglik.add_argument("--model", "-m", help="model string in IQ-TREE syntax, e.g. 'GTR+F+G4{0.5}'")
+    loglik.add_argument("--model", "-m", help="model string in IQ-TREE syntax, e.g. 'GTR+F+G4{0.5}'; with -p/-q/-Q: "
+                                              "the model of the parts that name none (not needed when all do)")
     loglik.add_argument("--precision", choices=("float64", "float32"), default="float64")
     loglik.add_argument("--data-type", choices=("dna", "protein", "codon"), default=None,
                         help="default: DNA or protein, guessed from the characters")
@@ -409,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("alignment", nargs="?", help="FASTA, PHYLIP or NEXUS alignment")
     sample.add_argument("tree", nargs="?", help="Newick or NEXUS tree: the fixed topology and the starting values "
                                                 "(with --topology free: the start)")
-    sample.add_argument("--model", "-m", default="HKY+G4", help="model string (default HKY+G4); values in braces are fixed")
+    sample.add_argument("--model", "-m", help=f"model string (default {SAMPLE_MODEL}); values in braces are fixed. "
+                                               "With -p/-q/-Q: the model of the parts that name none (no default)")
     sample.add_argument("--clock", choices=("strict", "relaxed"), default=None,
                         help="a rooted time tree with this clock (default: unrooted tree, free branch lengths)")
     sample.add_argument("--dates", help="TSV: taxon<TAB>date, or a header naming date or lower/upper; decimal years "
@@ -446,8 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ml = commands.add_parser("ml", help="maximum-likelihood tree: model fit, NNI/SPR search, branch support")
     ml.add_argument("alignment", help="FASTA, PHYLIP or NEXUS alignment")
-    ml.add_argument("--model", "-m", required=True,
-                    help="model string in IQ-TREE syntax, e.g. GTR+G4; MFP: select by BIC, then search; MF: select only")
+    ml.add_argument("--model", "-m",
+                    help="model string in IQ-TREE syntax, e.g. GTR+G4; MFP: select by BIC, then search; MF: select "
+                         "only. With -p/-q/-Q: the model of the parts that name none (not needed when all do)")
     ml.add_argument("--tree", "-t", help="start tree (Newick/NEXUS; default: BIONJ)")
     ml.add_argument("-te", metavar="TREE", help="fit the model and branch lengths on this topology, no search "
                                                 "(IQ-TREE's -te)")

@@ -11,7 +11,9 @@ import pytest
 import jaxphylo as jp
 from jaxphylo._errors import InputError, ModelError
 from jaxphylo.ml import select_model
-from jaxphylo.ml._model_selection import akaike_weights, default_candidates, information_criteria, parse_candidate
+from jaxphylo.ml._model_selection import (
+    akaike_weights, default_candidates, fit_free_rate_sequences, information_criteria, parse_candidate,
+)
 
 from conftest import dataset, require
 
@@ -60,6 +62,69 @@ def test_candidate_sets_and_narrowing():
         select_model(aln, criterion="DIC")
     with pytest.raises(InputError, match="at least 3 taxa"):
         select_model(jp.Alignment(("a", "b"), ("ACGT",) * 2, jp.DNA))
+
+
+def test_free_rate_stopping_rule():
+    """+R k (and +I+R k apart) in increasing k, one step of every sequence per batch; a sequence stops at the first
+    k whose criterion is strictly worse than at k - 1 (that k still fitted); a tie goes on; none goes past +R10."""
+    aln = jp.Alignment(("a", "b", "c"), ("ACGT",) * 3, jp.DNA)
+    candidates = default_candidates(aln, mset="GTR,HKY,JC", mrate="R,I+R")
+    given = {"GTR+F+R2": 100.0, "GTR+F+R3": 90.0, "GTR+F+R4": 95.0,
+             "GTR+F+I+R2": 50.0, "GTR+F+I+R3": 50.0, "GTR+F+I+R4": 49.0, "GTR+F+I+R5": 60.0,
+             "HKY+F+I+R2": 10.0, "HKY+F+I+R3": 11.0, "JC+R2": 5.0, "JC+R3": 6.0, "JC+I+R2": 5.0, "JC+I+R3": 5.5}
+    given.update({f"HKY+F+R{k}": 100.0 - k for k in range(2, 11)})  # always better: up to -cmax
+    batches = []
+    fit_free_rate_sequences(candidates, lambda batch: batches.append([c.name for c in batch]),
+                            lambda c: given[c.name])
+    fitted = [name for batch in batches for name in batch]
+    assert sorted(fitted) == sorted(given) and len(fitted) == len(set(fitted))
+    assert batches[0] == ["GTR+F+R2", "GTR+F+I+R2", "HKY+F+R2", "HKY+F+I+R2", "JC+R2", "JC+I+R2"]
+    assert batches[3] == ["GTR+F+I+R5", "HKY+F+R5"] and batches[-1] == ["HKY+F+R10"] and len(batches) == 9
+
+
+def test_free_rate_start_is_the_discrete_gamma():
+    """+R k starts from Yang's k Gamma category means, computed on the host (no program per k): the model's own."""
+    from jaxphylo.ml._model_selection import _gamma_category_means
+    from jaxphylo.models._rates import discrete_gamma_rates
+
+    for shape in (0.0202, 0.3, 1.0, 7.5, 990.0):
+        np.testing.assert_allclose(_gamma_category_means(shape, 3),
+                                   np.asarray(discrete_gamma_rates(np.float64(shape), 3)), rtol=1e-12)
+
+
+def _iqtree_rows(log_text):
+    """[(number, model, BIC)] of the ModelFinder table of an IQ-TREE 2 .log, in the order tested."""
+    rows = re.findall(r"^\s*(\d+)\s+(\S+)\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s*$", log_text, re.M)
+    return [(int(number), name, float(bic)) for number, name, bic in rows]
+
+
+def test_candidates_and_free_rate_rule_as_iqtree(tmp_path):
+    """IQ-TREE 2's own run (-mset JC,HKY,GTR -mrate E,I,G,I+G,R,I+R, fixed tree) on data simulated under
+    HKY+I+R4: its candidate list (the count it announces; each tested model's number is its place in ours) is
+    ours, and our +R k rule, given IQ-TREE's BIC values, asks for exactly the +R and +I+R models it tested."""
+    require("iqtree2")
+    taxa = tuple(f"t{i}" for i in range(10))
+    tree = jp.random_topology_tree(taxa, seed=4)
+    model = jp.parse_model("HKY{4}+F{0.3,0.2,0.2,0.3}+I{0.2}+R4{0.3,0.05,0.3,0.5,0.25,1.5,0.15,3.5}")
+    alignment = jp.simulate(tree, model, 4000, seed=5)
+    (tmp_path / "sim.fasta").write_text("".join(f">{t}\n{s}\n" for t, s in zip(alignment.taxa, alignment.sequences)))
+    jp.write_tree(tree, tmp_path / "sim.nwk")
+    subprocess.run(["iqtree2", "-s", str(tmp_path / "sim.fasta"), "-te", str(tmp_path / "sim.nwk"), "-m", "MF",
+                    "-mset", "JC,HKY,GTR", "-mrate", "E,I,G,I+G,R,I+R", "-nt", "1", "-seed", "1", "-redo", "-quiet",
+                    "-pre", str(tmp_path / "iq")], check=True, capture_output=True, timeout=300)
+    text = (tmp_path / "iq.log").read_text()
+    ours = default_candidates(alignment, mset="JC,HKY,GTR", mrate="E,I,G,I+G,R,I+R")
+    assert int(re.search(r"ModelFinder will test up to (\d+) DNA models", text).group(1)) == len(ours) == 3 * 22
+    rows = _iqtree_rows(text)
+    assert [ours[number - 1].name for number, _, _ in rows] == [name for _, name, _ in rows]
+    tested = {name: bic for _, name, bic in rows}
+    assert "HKY+F+R4" in tested and "HKY+F+R5" not in tested  # the data take the rule past +R3
+    free = [c for c in ours if c.categories]
+    asked = []
+    fit_free_rate_sequences(free, lambda batch: asked.extend(c.name for c in batch), lambda c: tested[c.name])
+    assert sorted(asked) == sorted(name for name in tested if "+R" in name)
+    # the rate types of a given -mrate are all fitted for every model (IQ-TREE filters only its default set)
+    assert {name.split("+", 1)[0] for name in tested if name.endswith("+I+G4")} == {"JC", "HKY", "GTR"}
 
 
 @pytest.fixture(scope="module")

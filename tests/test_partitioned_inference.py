@@ -261,3 +261,32 @@ def test_partitioned_sample_and_mcmc(genes, tmp_path):
         chain_model = posterior.coordinates.model(jax.tree.map(lambda x: x[b], params))
         tree, chain_model = ml._search.searched_result(parents[b], lengths[b], tuple(alignment.taxa), chain_model)
         assert float(values[b]) == pytest.approx(float(jp.log_likelihood(alignment, tree, chain_model)), abs=1e-8)
+
+
+@pytest.mark.parametrize("command", ["ml", "sample", "mcmc"])
+def test_commands_take_a_file_naming_every_model_without_m(genes, tmp_path, capsys, command):
+    """`ml`, `sample` and `mcmc` with a partition file that names every part's model (K80:g1, JC:g2: one group,
+    small programs) need no -m, as IQ-TREE does; tiny runs, one link mode each (ml -p, sample -Q, mcmc -q: MC³'s
+    chains under -q once failed, their per-chain models' equal-length rates one vector for all chains)."""
+    from jaxphylo import cli
+
+    truth, alignment_path, _ = genes
+    partition = two_genes(tmp_path, "K80:g1, JC:g2", (0, 500, 1000))
+    jp.write_tree(truth, tmp_path / "truth.nwk")
+    out = str(tmp_path / "out")
+    argv = {"ml": ["-p", str(partition), "-te", str(tmp_path / "truth.nwk"), "-o", out],
+            "sample": [str(tmp_path / "truth.nwk"), "-Q", str(partition), "--chains", "1", "--warmup", "20",
+                       "--samples", "10", "--no-progress", "-o", out],
+            "mcmc": ["-q", str(partition), "--runs", "1", "--chains", "2", "--generations", "100",
+                     "--sample-every", "50", "-o", out]}[command]
+    assert cli.main([command, str(alignment_path), *argv]) == 0
+    printed = capsys.readouterr().out
+    if command == "ml":
+        summary = json.loads((tmp_path / "out.json").read_text())
+        assert set(summary["parameters"]) == {"g1.kappa", "part_rates"}
+        assert summary["model"].startswith("K80") and summary["model"].endswith("JC69:g2")
+        assert float(printed) == pytest.approx(summary["log_likelihood"], abs=1e-6)
+    elif command == "sample":  # -Q: every part's branch lengths, no part rates
+        assert "g1.kappa" in printed and "part_branch_lengths" in printed and "part_rates" not in printed
+    else:  # -q: one set of lengths, no part rates
+        assert "g1.kappa" in printed and "part_rates" not in printed

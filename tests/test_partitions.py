@@ -396,6 +396,100 @@ def test_loglik_command_with_partitions(example, tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--part-rates" in bad.stderr
 
 
+# Primates mtDNA (898 sites) by codon position, in the frame its sites read: sites 2-454 and 660-896 hold codons
+# with no stop under the vertebrate mitochondrial code (NCBI 2) in any of the 12 taxa, 455-456 the end of a
+# gene (an incomplete stop); 457-659, between the two frames, is one non-coding part. Every part names its model,
+# values in braces.
+PRIMATES_POSITIONS = """#nexus
+begin sets;
+  charset pos1 = 2-456\\3 660-.\\3;
+  charset pos2 = 3-456\\3 661-.\\3;
+  charset pos3 = 1-456\\3 662-.\\3;
+  charset noncoding = 457-659;
+  charpartition mine = HKY{6.5}+F{0.32,0.30,0.12,0.26}+G4{0.45}:pos1, GTR{1.2,8.0,0.6,0.9,12.0}+F+G4{0.3}:pos2,
+      TN{9.0,15.0}+F+I{0.05}+G4{1.8}:pos3, K80{4.0}+G4{0.6}:noncoding;
+end;
+"""
+
+
+def loglik_output(capsys, *argv):
+    from jaxphylo import cli
+
+    assert cli.main(["loglik", *map(str, argv)]) == 0
+    return float(capsys.readouterr().out)
+
+
+def test_loglik_without_m_is_iqtrees_on_primates_codon_positions(tmp_path, capsys):
+    """`jaxphylo loglik ALN TREE -q|-Q|-p FILE` with every part's model in FILE and no -m: IQ-TREE 2's log L
+    (`iqtree2 -s ALN -q FILE -te TREE -blfix`, no -m either). With -blfix, -Q leaves every part the tree's
+    lengths (so both give -q's value) and -p still fits the part rates and a common scale: ours takes IQ-TREE's
+    tree and rates (`--part-rates`)."""
+    alignment_path = dataset("primates_mtDNA") / "alignment.fasta"
+    alignment = jp.read_alignment(alignment_path)
+    tree_path = tmp_path / "bionj.nwk"
+    jp.write_tree(jp.bionj(jp.distances(alignment, "k2p"), alignment.taxa), tree_path)
+    partition = write(tmp_path / "positions.nex", PRIMATES_POSITIONS)
+    assert None not in read_partitions(partition).models
+    for flag in ("-q", "-Q"):
+        theirs, _ = run_iqtree(alignment_path, flag, partition, tree_path, tmp_path / flag[1])
+        ours = loglik_output(capsys, alignment_path, tree_path, flag, partition)
+        assert ours == pytest.approx(theirs, abs=1e-4), (flag, ours, theirs)  # IQ-TREE prints 4 decimals
+    theirs, rates = run_iqtree(alignment_path, "-p", partition, tree_path, tmp_path / "p")
+    ours = loglik_output(capsys, alignment_path, tmp_path / "p.treefile", "-p", partition,
+                         "--part-rates", ",".join(map(str, rates)))
+    assert ours == pytest.approx(theirs, abs=1e-4), (ours, theirs)
+
+
+def test_raxml_file_without_m_is_iqtrees_models(tmp_path):
+    """A RAxML-style file names a model per line (`DNA` is GTR); without -m IQ-TREE 2 takes each bare, +F and no
+    rate variation (GTR+F, HKY+F): so do we, with the same empirical frequencies, and at IQ-TREE's fitted
+    values (its .iqtree table) our log L is IQ-TREE's."""
+    alignment_path = dataset("primates_mtDNA") / "alignment.fasta"
+    alignment = jp.read_alignment(alignment_path)
+    tree_path = tmp_path / "bionj.nwk"
+    jp.write_tree(jp.bionj(jp.distances(alignment, "k2p"), alignment.taxa), tree_path)
+    raxml = write(tmp_path / "positions.txt", "DNA, pos1 = 2-456\\3, 660-898\\3\nDNA, pos2 = 3-456\\3, 661-898\\3\n"
+                                             "HKY, pos3 = 1-456\\3, 662-898\\3\nDNA, noncoding = 457-659\n")
+    scheme = read_partitions(raxml)
+    ours = jp.partitioned_model(scheme, alignment, default_model=None, link="equal")
+    theirs, _ = run_iqtree(alignment_path, "-q", raxml, tree_path, tmp_path / "q")
+    table = (tmp_path / "q.iqtree").read_text().split("  ID  Model")[1].split("\n\n")[0].splitlines()[1:]
+    fitted = [line.split()[3] for line in table]
+    assert [line.split()[1] for line in table] == ["GTR+F", "GTR+F", "HKY+F", "GTR+F"]
+    for model, string in zip(ours.models, fitted):
+        assert jp.models.model_string(model).split("+")[1:] == string.split("+")[1:]  # the same +F{...}
+    at_theirs = jp.partitioned_model(dataclasses.replace(scheme, models=tuple(fitted)), alignment, None, "equal")
+    value = float(jp.log_likelihood(alignment, jp.read_tree(tree_path), at_theirs))
+    assert value == pytest.approx(theirs, abs=1e-3), (value, theirs)  # their values have 6 digits
+
+
+def test_a_part_without_a_model_needs_m(example, tmp_path, capsys):
+    """Without -m every part must name its model: else every command stops with one line naming the part
+    (and the line that defined it); -m fills it; without -m or a partition file, ml and mcmc ask for -m."""
+    from jaxphylo import cli
+
+    alignment, _ = example
+    alignment_path, tree_path = map(str, jp.example_paths())
+    nexus = write(tmp_path / "some.nex", "#NEXUS\nbegin sets;\n  charset a = 1-300;\n  charset b = 301-600;\n"
+                                         "  charpartition p = HKY+G4:a, :b;\nend;\n")
+    raxml = write(tmp_path / "some.txt", "DNA, a = 1-300\nCODON, b = 301-600\n")
+    for path, where in ((nexus, r"some.nex: line 4: part 'b'"), (raxml, r"some.txt: line 2: part 'b'")):
+        with pytest.raises(ModelError, match=f"/{where} names no model, and no default model was given$"):
+            jp.partitioned_model(read_partitions(path), alignment, default_model=None)
+        for argv in (["loglik", alignment_path, tree_path], ["ml", alignment_path], ["mcmc", alignment_path],
+                     ["sample", alignment_path, tree_path]):
+            for flag in ("-p", "-q", "-Q"):
+                assert cli.main(argv + [flag, str(path)]) == 2, (argv, flag)
+                error = capsys.readouterr().err
+                assert error.count("\n") == 1 and f"{where} names no model; give -m MODEL" in error, error
+    filled = jp.partitioned_model(read_partitions(nexus), alignment, default_model="JC")
+    assert filled.model_strings == ("HKY+G4", "JC")
+    for argv in (["ml", alignment_path], ["mcmc", alignment_path]):
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err == f"jaxphylo: error: {argv[0]} needs --model MODEL (or -p/-q/-Q FILE naming " \
+                                          "every part's model)\n"
+
+
 def test_phylo_ctmc_takes_a_partitioned_model(example, tmp_path):
     """`PhyloCTMC(tree, partitioned model)` in a NumPyro model: its log density is the sum over parts (from an
     Alignment or PartitionedData), and NumPyro's gradient in a part rate is the partitioned one's."""

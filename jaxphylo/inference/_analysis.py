@@ -54,7 +54,7 @@ PRIOR_SETS = {"default": {}, "mrbayes": MRBAYES_PRIORS}
 class Analysis:
     """The choices that define an analysis (saved with a run, and compared on `--resume`)."""
 
-    model: str = "HKY+G4"
+    model: str | None = "HKY+G4"  # None: only with `partitions` that name every part's model
     clock: str | None = None
     tree_prior: str | None = None  # default: exponential (unrooted) or coalescent (time tree)
     branch_rate: float = 10.0  # rate of the exponential branch-length prior (MrBayes's default)
@@ -79,6 +79,9 @@ class Analysis:
             raise ModelError(f"the branch-length prior's rate must be positive, got {self.branch_rate}")
         if self.link not in LINKS:
             raise ModelError(f"link must be one of {', '.join(LINKS)}, not {self.link!r}")
+        if self.model is None and not self.partitions:
+            raise ModelError("no model: a model string is needed (None serves only with partitions that name "
+                             "every part's model)")
         if self.partitions and self.link == "unlinked" and self.clock:
             raise ModelError("unlinked branch lengths (-Q) are not one time tree: with --clock use -p or -q")
 

@@ -12,18 +12,22 @@ Three formats, told apart by their first word (`#NEXUS` or not):
   GTR+I+G4:gene2;`: one part per entry, in order, each with the model before
   the colon (braces in the model may hold commas). A `{value}` after the
   charset name (IQ-TREE's best_model.nex writes one) is ignored. Standard
-  NEXUS `label: ranges` entries are read as parts named `label`. Without a
+  NEXUS `label: ranges` entries are read as parts named `label`. An entry
+  with nothing before the colon (`:gene3`; a bare `gene3` too, which IQ-TREE
+  rejects) names no model: the default model's part. Without a
   charpartition every charset is a part (as IQ-TREE does); with several, the
   first is used.
 - RAxML-style files, one part per line: `DNA, gene1 = 1-500, 501-1000\\3`.
   As in IQ-TREE 2 (2.0.7, checked), the first word names the substitution
   model, and `partitioned_model` appends the terms after the base of its
   default model (IQ-TREE appends those of `-m`: `-m HKY+G4` on a `DNA` line
-  gives GTR+F+G4): `DNA`/`NUC` is GTR (RAxML's only DNA model), a model name
-  (`WAG, p2 = ...`, `HKY, p3 = ...`) is that model, with the data type its
-  own (a protein matrix: protein); `AA`/`PROT`/`PROTEIN` and `CODON` (or
-  `CODONk`, NCBI genetic code `k`) fix the data type and take the default
-  model whole. `#` starts a comment.
+  gives GTR+F+G4; without `-m` it takes the model bare, GTR+F, as
+  `partitioned_model` does without a default): `DNA`/`NUC` is GTR (RAxML's
+  only DNA model), a model name (`WAG, p2 = ...`, `HKY, p3 = ...`) is that
+  model, with the data type its own (a protein matrix: protein);
+  `AA`/`PROT`/`PROTEIN` and `CODON` (or `CODONk`, NCBI genetic code `k`) fix
+  the data type and name no model: they take the default model whole. `#`
+  starts a comment.
 
 Sites in no part are left out of the analysis without a message, exactly as
 IQ-TREE 2 (2.0.7, checked) does; `PartitionScheme.unassigned(num_sites)` lists

@@ -22,11 +22,16 @@ DNA: GTR+F, SYM, TVM+F, TVMe, TIM3+F, TIM3e, TIM2+F, TIM2e, TIM+F, TIMe,
 TPM3u+F, TPM3+F, TPM2u+F, TPM2+F, K3Pu+F, K3P, TN+F, TNe, HKY+F, K2P, F81+F, JC;
 protein: the matrices of `PROTEIN_ORDER` each with and without `+F`; each with
 rate variation none, +I, +G4, +I+G4, +R2 ... +R10. Two rules of IQ-TREE 2
-keep the count down, and are reproduced here: (1) the +R m of a substitution
-model are fitted for m = 2, 3, ... until the criterion gets worse than at m - 1;
-(2) when the rate set holds +R types, the first substitution model is fitted
-with every rate type, and the others only with the rate types whose criterion
-came within 10 of the best for that first model. In IQ-TREE 2.0.7 `TPM2+F` and
+(2.0.7's `CandidateModelSet::test`, read there) keep the count down, and are
+reproduced here: (1) the +R m of a substitution model (and, apart, its +I+R m)
+are fitted for m = 2, 3, ... (-cmin 2, -cmax 10) and stop at the first m whose
+criterion is worse (strictly) than at m - 1, that +R m still in the table;
+(2) with IQ-TREE's default rate set only (no `mrate`, IQ-TREE's `-mrate AUTO`),
+the first substitution model is fitted with every rate type, and the others
+only with the rate types whose criterion came within 10 of the best for that
+first model. A given `mrate` (e.g. `E,I,G,I+G,R`, or `I+R` for +I+R2 ... +I+R10)
+is fitted in full for every substitution model, rule (1) only, as IQ-TREE 2
+does with `-mrate`. In IQ-TREE 2.0.7 `TPM2+F` and
 `TPM3+F` are TPM2u+F and TPM3u+F (same likelihood): they are listed under both
 names here too and fitted once (identical rows).
 
@@ -47,6 +52,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.special
 
 from ..data import Alignment, DNA, PROTEIN, distances
 from .._errors import InputError, ModelError
@@ -171,9 +177,17 @@ def _protein_base(name: str, source: str) -> str:
     return key
 
 
+def _automatic_rates(mrate: str | None) -> bool:
+    """True for IQ-TREE's default rate set (no -mrate, or `-mrate AUTO`): the one it prunes (rule 2 above)."""
+    return mrate is None or str(mrate).strip().upper() == "AUTO"
+
+
 def _rate_types(mrate: str | None) -> list[str]:
-    """IQ-TREE's -mrate (`E,I,G,I+G,R,I+R`; `R` means +R2..+R10, `R4` one of them) as rate suffixes."""
-    if mrate is None:
+    """IQ-TREE's -mrate (`E,I,G,I+G,R,I+R`; `R` means +R2..+R10, `R4` one of them) as rate suffixes.
+
+    None or `AUTO` is IQ-TREE 2's default for DNA and protein data with invariable sites: E,I,G,I+G,R.
+    """
+    if _automatic_rates(mrate):
         mrate = "E,I,G,I+G,R"
     rates = []
     for token in (t.strip() for t in str(mrate).split(",")):
@@ -565,7 +579,7 @@ class _Selector:
                                free_rates=_pad(np.log(r[order]), padding)))
         shape = math.exp(math.log(MIN_SHAPE) + (math.log(MAX_SHAPE) - math.log(MIN_SHAPE)) /
                          (1.0 + math.exp(-float(base["gamma"]))))
-        rates = np.maximum(np.asarray(discrete_gamma_rates(jnp.asarray(shape, jnp.float64), k)), 1e-6)
+        rates = np.maximum(_gamma_category_means(shape, k), 1e-6)
         starts.append(dict(base, free_rates=_pad(np.log(np.maximum(rates, 1e-3)), padding)))
         return starts
 
@@ -606,20 +620,44 @@ class _Selector:
                 self.progress(row)
 
     def fit_with_free_rates(self, candidates: list[Candidate]) -> None:
-        """Fit each family's +R2, +R3, ... in turn (batched across families), stopping a family's sequence
-        once the criterion got worse than at the category count before (IQ-TREE's rule)."""
-        sequences: dict[tuple, list[Candidate]] = {}
-        for c in candidates:
-            sequences.setdefault((c.base, c.frequency, c.rate.startswith("+I")), []).append(c)
-        sequences = [sorted(cs, key=lambda c: c.categories) for cs in sequences.values()]
-        step = 0
-        while True:
-            current = [s[step] for s in sequences if len(s) > step and (step == 0 or s[step - 1].name in self.fits) and (
-                step < 2 or self.score(s[step - 1].name) <= self.score(s[step - 2].name))]
-            if not current:
-                return
-            self.fit(current)
-            step += 1
+        """Fit the +R k candidates by IQ-TREE 2's rule (`fit_free_rate_sequences`), batched across families."""
+        fit_free_rate_sequences(candidates, self.fit, lambda c: self.score(c.name))
+
+
+def fit_free_rate_sequences(candidates: list[Candidate], fit, score) -> None:
+    """IQ-TREE 2's rule for +R k (`CandidateModelSet::test` of 2.0.7): each sequence of one substitution model and
+    frequencies, with or without +I, is fitted in increasing k; once +R k scores worse (strictly greater
+    criterion) than the same sequence's +R(k-1), its higher k are skipped. `fit(batch)` fits a list of candidates
+    (one step of every live sequence at a time); `score(candidate)` is its criterion after fitting.
+    """
+    sequences: dict[tuple, list[Candidate]] = {}
+    for c in candidates:
+        sequences.setdefault((c.base, c.frequency, c.rate.startswith("+I")), []).append(c)
+    queues = [sorted(cs, key=lambda c: c.categories) for cs in sequences.values()]
+    scores = [{} for _ in queues]  # per sequence: {k: criterion}
+    while True:
+        current = [q[0] for q in queues if q]
+        if not current:
+            return
+        fit(current)
+        for q, fitted in zip(queues, scores):
+            if not q:
+                continue
+            c = q.pop(0)
+            fitted[c.categories] = score(c)
+            previous = fitted.get(c.categories - 1)
+            if previous is not None and fitted[c.categories] > previous:
+                q.clear()
+
+
+def _gamma_category_means(shape: float, k: int) -> np.ndarray:
+    """`discrete_gamma_rates(shape, k)` on the host (scipy): a +R k start with no program compiled per k.
+
+    Yang's mean rates: x_i the i/k quantile of Gamma(a, 1), rate_i = k [P(a + 1, x_i) - P(a + 1, x_(i-1))].
+    """
+    x = scipy.special.gammaincinv(shape, np.arange(1, k) / k)
+    cdf = np.concatenate([[0.0], scipy.special.gammainc(shape + 1.0, x), [1.0]])
+    return k * np.diff(cdf)
 
 
 def _pad(values, padding):
@@ -646,10 +684,11 @@ def select_model(
     JC69 distances). `candidates`: model strings (e.g. `["HKY+G4", "GTR+I+G4"]`,
     every one fitted), or None for IQ-TREE 2's `-m MF` set narrowed by `mset`
     (comma list of substitution models, as -mset) and `mrate` (comma list of
-    `E, I, G, I+G, R, I+R` or `Rk`, as -mrate), with IQ-TREE's two pruning rules
-    (module docstring). `criterion` ("AIC", "AICc" or "BIC") picks the best and
-    the weights; all three are in the table. `progress(row)` is called after
-    each fit. `batch_size`: candidates fitted together (None: all of a rate
+    `E, I, G, I+G, R, I+R` or `Rk`, as -mrate), with IQ-TREE's pruning rules
+    (module docstring: +R k stops once the criterion worsens; with no `mrate`
+    also the rate-type filter after the first model). `criterion` ("AIC",
+    "AICc" or "BIC") picks the best and the weights; all three are in the
+    table. `progress(row)` is called after each fit. `batch_size`: candidates fitted together (None: all of a rate
     type; -1: 1 on the CPU, all elsewhere).
     """
     start = time.perf_counter()
@@ -674,7 +713,8 @@ def select_model(
         pruning = False
     else:
         chosen = default_candidates(alignment, mset, mrate)
-        pruning = any("R" in c.rate for c in chosen)
+        # IQ-TREE 2 filters rate types only with its default rate set (-mrate AUTO): a given -mrate is fitted in full
+        pruning = _automatic_rates(mrate) and any("R" in c.rate for c in chosen)
     _check_inputs(alignment, tree, parse_model(chosen[0].parse_string, alignment=alignment))
     selector = _Selector(alignment, tree, criterion, precision, tolerance, max_iterations, batch_size, progress)
     families = list(dict.fromkeys((c.base, c.frequency) for c in chosen))

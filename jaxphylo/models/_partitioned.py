@@ -103,9 +103,10 @@ class PartitionedModel(eqx.Module):
         return f"PartitionedModel({self.num_parts} parts, {self.link}: {parts}{more})"
 
     def normalised_rates(self) -> Float[Array, " parts"]:
-        """`r~_k = r_k / (sum_j n_j r_j / sum_j n_j)` for `"proportional"`; ones otherwise."""
+        """`r~_k = r_k / (sum_j n_j r_j / sum_j n_j)` for `"proportional"`; ones otherwise (of the rates' shape:
+        `[B, K]` in a batch of per-tree models, as MC³'s chains under -q have)."""
         if self.link != "proportional":
-            return jnp.ones(self.num_parts)
+            return jnp.ones_like(self.rates)
         counts = jnp.asarray(self.site_counts, dtype=jnp.result_type(self.rates, float))
         return self.rates * (jnp.sum(counts) / jnp.sum(counts * self.rates, axis=-1, keepdims=True))
 
@@ -193,11 +194,15 @@ def part_alignments(alignment: Alignment, model: PartitionedModel) -> tuple[Alig
 def partitioned_model(
     scheme: PartitionScheme,
     alignment: Alignment,
-    default_model: str | Mapping[str, str] = "GTR+G4",
+    default_model: str | Mapping[str, str] | None = "GTR+G4",
     link: str = "proportional",
     rates=None,
 ) -> PartitionedModel:
     """One `Model` per part: the scheme's model string, else `default_model` (a string, or one per data type).
+
+    With `default_model` None every part must name its model (an IQ-TREE
+    `charpartition` with a model per entry); a part without one is a
+    `ModelError` naming the part and the line that defined it.
 
     A part's data type is the scheme's, else that of its model string (a
     protein matrix: protein; GY: codon), else the alignment's. Codon parts
@@ -221,6 +226,8 @@ def partitioned_model(
         code = scheme.genetic_codes[k] if scheme.data_types[k] == "codon" else (own.genetic_code or 1)
         default = _default_for(default_model, data_type)
         if string is None:
+            if default_model is None:
+                raise ModelError(f"{scheme._where(k)}: part {name!r} names no model, and no default model was given")
             if default is None:
                 raise ModelError(f"{scheme.source}: part {name!r} ({data_type}) has no model and no default for it")
             string = default
@@ -243,8 +250,8 @@ def partitioned_model(
 
 
 def _default_for(default_model, data_type: str | None) -> str | None:
-    """The default model string for a data type (a mapping's entry; a plain string serves every type)."""
-    if isinstance(default_model, str):
+    """The default model string for a data type (a mapping's entry; a plain string serves every type; None: none)."""
+    if default_model is None or isinstance(default_model, str):
         return default_model
     if data_type is None:
         return None
