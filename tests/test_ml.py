@@ -125,7 +125,7 @@ def test_length_optimisers_split_large_batches_into_groups(monkeypatch, method):
     problem = ml._search.Problem(jp.parse_model("HKY{2}+F{0.3,0.2,0.2,0.3}"), data,
                                  jnp.broadcast_to(data.weights, (3, data.weights.shape[0])), phase_widths(7),
                                  jnp.float64, method)
-    fixed = ml._rooting.fixed_branches(trees.parents)
+    fixed = jp.tree.fixed_branches(trees.parents)
     whole = ml._search.optimise_lengths(trees.parents, trees.branch_lengths, fixed, problem, 1e-6)
     monkeypatch.setattr(ml._search, "LENGTHS_BYTES", 1)  # one tree per call
     grouped = ml._search.optimise_lengths(trees.parents, trees.branch_lengths, fixed, problem, 1e-6)
@@ -141,7 +141,7 @@ def test_regraft_edges_are_those_within_the_radius(radius):
     parent, lengths = np.asarray(batch.parents[0]), np.asarray(batch.branch_lengths[0])
     found = regraft_edges(batch.parents[0], batch.branch_lengths[0], radius)
     assert len(found) == 3 * (12 - 2)  # every pruning of the unrooted tree
-    neighbours, _ = ml._rooting.unrooted(parent, lengths)
+    neighbours, _ = jp.tree.unrooted(parent, lengths)
     for (u, v), edges in found.items():
         s1, s2 = (k for k in neighbours[u] if k != v)
         pruned = {k: set(around) - {u} for k, around in enumerate(neighbours) if k not in (u,)}

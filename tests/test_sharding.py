@@ -7,7 +7,6 @@ the two-process `jax.distributed` run happen in subprocesses
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxphylo as jp
-from jaxphylo._cli_env import add_env_command, parse_mesh_option
+from jaxphylo import cli
 from jaxphylo._sharding import MIN_PATTERNS_PER_DEVICE, default_mesh_shape
 
 HELPER = Path(__file__).with_name("_sharded_check.py")
@@ -190,7 +189,7 @@ def test_default_mesh_rule():
     assert default_mesh_shape(8, trees=3, num_patterns=10**6) == (1, 8)
 
 
-def test_mesh_errors_are_one_line_input_errors():
+def test_mesh_errors_are_one_line_input_errors(capsys):
     devices = jp.device_mesh().devices.ravel().tolist()
     assert jp.device_mesh(devices).shape == {"batch": 1, "patterns": len(devices)}
     with pytest.raises(jp.InputError, match="does not divide"):
@@ -198,19 +197,17 @@ def test_mesh_errors_are_one_line_input_errors():
     for text, message in (("batch=2,patterns=", "expected batch=B,patterns=P"), ("rows=1", "expected"),
                           ("batch=1,batch=1", "given twice"), ("batch=0", "at least 1"),
                           (f"batch=1,patterns={len(devices) + 1}", "but there are")):
-        with pytest.raises(jp.InputError, match=message) as error:
-            parse_mesh_option(text, devices)
-        assert "\n" not in str(error.value)
-    assert parse_mesh_option(f"patterns={len(devices)}", devices).shape["batch"] == 1
+        assert cli.main(["env", "--mesh", text]) == 2  # the option as a user gives it
+        error = capsys.readouterr().err
+        assert message in error and error.count("\n") == 1, error
+    assert cli.main(["env", "--mesh", f"patterns={len(devices)}"]) == 0
+    assert "mesh: batch=1 x patterns=" in capsys.readouterr().out
 
 
 def test_env_command_prints_devices_versions_and_mesh(capsys, tmp_path):
-    parser = argparse.ArgumentParser(prog="jaxphylo")
-    add_env_command(parser.add_subparsers(dest="command"))
     alignment = tmp_path / "a.fasta"
     alignment.write_text(">a\nACGTAC\n>b\nACGTTC\n>c\nAGGTAC\n")
-    args = parser.parse_args(["env", str(alignment)])
-    args.run(args)
+    assert cli.main(["env", str(alignment)]) == 0
     out = capsys.readouterr().out
     for text in ("JAX ", "jaxlib ", "CUDA: ", "float64: on", "processes: index 0 of 1", "devices: ", "free of",
                  "mesh: batch=1 x patterns=", "3 taxa x 6 patterns"):
@@ -219,7 +216,6 @@ def test_env_command_prints_devices_versions_and_mesh(capsys, tmp_path):
 
 def test_distributed_without_a_cluster_is_one_line(monkeypatch, capsys):
     """`jaxphylo --distributed` where no cluster can be found, or with half the settings: exit 2, one line."""
-    from jaxphylo import cli
 
     for name in list(os.environ):
         if name.startswith(("SLURM_", "OMPI_", "PMI_", "JAXPHYLO_")):

@@ -1,6 +1,6 @@
 """Metropolis-Hastings proposals on unrooted trees held as arrays on the device.
 
-A tree is the search's kernel tree (`ml._rooting`): `parents [M]` of a binary
+A tree is the search's kernel tree (`jaxphylo.tree`, kernel form): `parents [M]` of a binary
 tree whose root `R` has two children, tip 0 and an internal node `w` whose
 branch is fixed at zero, so tip 0's branch carries the edge between tip 0 and
 `w`. The moves work on the *tip-0 view* of the same tree: the unrooted tree

@@ -1,6 +1,6 @@
 """Every nearest-neighbour interchange of a batch of trees, scored at once from the current partials.
 
-Trees are kernel trees rooted on tip 0 (`_rooting`). An internal edge is the
+Trees are kernel trees rooted on tip 0 (`jaxphylo.tree`, kernel form). An internal edge is the
 branch above an internal node `v` (children `a`, `b`) whose parent `u` is not
 the root (`s` is `v`'s sibling). With `m_x = P_x p_x` the message of subtree
 `x` and `q_u` the pre-order partial of `u` (everything outside `u`'s subtree,

@@ -8,18 +8,10 @@ are one-line `InputError`s, which `jaxphylo.cli.main` prints as one line.
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING
+from .._errors import InputError
+from ._common import mesh_lines, parse_mesh_option, select_devices
 
-from ._errors import InputError
-
-if TYPE_CHECKING:
-    from jax.sharding import Mesh
-
-_MESH_ITEM = re.compile(r"^\s*(batch|patterns)\s*=\s*(\d+)\s*$")
-
-
-def add_env_command(subparsers) -> None:
+def add_command(subparsers) -> None:
     """Add the `env` subcommand to the `jaxphylo` parser's subparsers."""
     env = subparsers.add_parser("env", help="print the devices, the mesh a run would use, JAX/CUDA versions, float64")
     env.add_argument("alignment", nargs="?", help="also print the default mesh for this alignment (one tree)")
@@ -28,49 +20,7 @@ def add_env_command(subparsers) -> None:
     env.add_argument("--trees", type=int, default=1, help="trees evaluated together (chains, replicates; default 1)")
     env.add_argument("--devices", type=int, default=None, help="use the first N devices (default: all visible)")
     env.add_argument("--mesh", help="mesh to show instead of the default, e.g. batch=2,patterns=4")
-    env.set_defaults(run=run_env)
-
-
-def select_devices(count: int | None) -> list:
-    """The first `count` of `jax.devices()` (every process's devices), or all of them for None."""
-    import jax
-
-    devices = jax.devices()
-    if count is None:
-        return devices
-    if not 1 <= count <= len(devices):
-        raise InputError(f"--devices {count}: there are {len(devices)} devices ({devices[0].platform})")
-    return devices[:count]
-
-
-def parse_mesh_option(text: str, devices) -> "Mesh":
-    """`batch=B,patterns=P` (either may be left out: it takes the rest of the devices) as a mesh over `devices`.
-
-    `B x P` must be the number of devices; a bad item, a repeated axis or a
-    product that does not match is a one-line `InputError`.
-    """
-    from ._sharding import device_mesh
-
-    devices = list(devices)
-    sizes: dict[str, int] = {}
-    for item in text.split(","):
-        match = _MESH_ITEM.match(item)
-        if not match:
-            raise InputError(f"--mesh {text!r}: expected batch=B,patterns=P (positive integers), not {item.strip()!r}")
-        name, size = match.group(1), int(match.group(2))
-        if name in sizes:
-            raise InputError(f"--mesh {text!r}: {name} is given twice")
-        if size < 1:
-            raise InputError(f"--mesh {text!r}: {name} must be at least 1")
-        sizes[name] = size
-    batch, patterns = sizes.get("batch"), sizes.get("patterns")
-    n = len(devices)
-    if batch is not None and patterns is not None and batch * patterns != n:
-        raise InputError(f"--mesh {text!r}: batch x patterns = {batch * patterns}, but there are {n} devices")
-    for name, size in sizes.items():
-        if n % size:
-            raise InputError(f"--mesh {text!r}: {name}={size} does not divide the {n} devices")
-    return device_mesh(devices, batch=batch, patterns=patterns)
+    env.set_defaults(run=run)
 
 
 def _gib(n: float) -> str:
@@ -103,8 +53,8 @@ def environment_lines(devices) -> list[str]:
     import jaxlib
 
     import jaxphylo
-    from .runtime import device_free_memory
-    from .likelihood.kernels import cpu as _cpu_kernel
+    from ..runtime import device_free_memory
+    from ..likelihood.kernels import cpu as _cpu_kernel
 
     lines = [f"jaxphylo {jaxphylo.__version__}; JAX {jax.__version__}, jaxlib {jaxlib.__version__}; "
              f"backend {jax.default_backend()}",
@@ -130,44 +80,10 @@ def environment_lines(devices) -> list[str]:
     return lines
 
 
-def add_mesh_options(parser, default: str) -> None:
-    """`--devices N` and `--mesh batch=B,patterns=P` on a command that runs on many devices (`default`: the
-    mesh it picks without them)."""
-    parser.add_argument("--devices", type=int, default=None, help="use the first N devices (default: all visible)")
-    parser.add_argument("--mesh", help=f"device mesh batch=B,patterns=P (default: {default})")
-
-
-def mesh_choice(args, trees: int, num_patterns: int, default: bool = True):
-    """The mesh of `--devices`/`--mesh`; without them, with `default`, the default mesh over every device
-    (`default_mesh_shape`); None where that is one device (nothing to spread)."""
-    from ._sharding import run_mesh
-
-    if not default and args.devices is None and args.mesh is None:
-        return None
-    devices = select_devices(args.devices)
-    if args.mesh:
-        mesh = parse_mesh_option(args.mesh, devices)
-        return None if mesh.devices.size == 1 else mesh
-    return run_mesh(devices, trees=trees, num_patterns=num_patterns)
-
-
-def mesh_lines(mesh, num_patterns: int | None = None, taxa: int | None = None, how: str = "") -> list[str]:
-    """The mesh's shape and, for a data set, the pattern shard per device."""
-    from ._sharding import padded_pattern_count
-
-    batch, patterns = mesh.shape["batch"], mesh.shape["patterns"]
-    line = f"mesh: batch={batch} x patterns={patterns}" + (f" ({how})" if how else "")
-    if num_patterns is not None:
-        padded = padded_pattern_count(num_patterns, mesh)
-        line += (f"; {taxa} taxa x {num_patterns} patterns -> {padded // patterns} patterns per device"
-                 + (f" ({padded - num_patterns} padding)" if padded > num_patterns else ""))
-    return [line]
-
-
-def run_env(args) -> None:
+def run(args) -> None:
     """Print the environment, then the mesh: `--mesh` as given, else the default for the alignment (if any)."""
     import jaxphylo as jp
-    from ._sharding import default_mesh_shape, device_mesh
+    from .._sharding import default_mesh_shape, device_mesh
 
     devices = select_devices(args.devices)
     if args.trees < 1:

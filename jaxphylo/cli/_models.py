@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 
-def add_models_command(subparsers) -> None:
+def add_command(subparsers) -> None:
     """Add the `models` subcommand to the `jaxphylo` parser's subparsers."""
     models = subparsers.add_parser("models", help="choose a substitution model by AIC, AICc or BIC (IQ-TREE's -m MF)")
     models.add_argument("alignment", help="FASTA, PHYLIP or NEXUS alignment (DNA or protein)")
@@ -29,10 +29,10 @@ def add_models_command(subparsers) -> None:
     models.add_argument("--data-type", choices=("dna", "protein"), default=None)
     models.add_argument("--precision", choices=("float64", "float32"), default="float64")
     models.add_argument("--quiet", action="store_true", help="no line per fitted candidate on stderr")
-    models.set_defaults(run=run_models)
+    models.set_defaults(run=run)
 
 
-def run_models(args) -> None:
+def run(args) -> None:
     """Fit the candidates, print the table (best first) and the best model; write PREFIX.models.tsv."""
     import jaxphylo as jp
     from jaxphylo.ml import select_model

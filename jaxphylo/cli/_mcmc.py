@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import sys
 
+from ._common import (
+    add_data_options, add_mesh_options, add_partition_options, mesh_choice, model_or_partitions, partition_choice,
+    partitioned_model_of,
+)
 
-def add_mcmc_command(subparsers) -> None:
+
+def add_command(subparsers) -> None:
     mcmc = subparsers.add_parser("mcmc", help="Bayesian tree inference: Metropolis-coupled MCMC (MrBayes's MC³)")
     mcmc.add_argument("alignment", help="FASTA, PHYLIP or NEXUS alignment")
     mcmc.add_argument("--model", "-m", help="substitution model, e.g. JC, HKY+G4, GTR+I+G4; with -p/-q/-Q: the model "
@@ -34,31 +39,26 @@ def add_mcmc_command(subparsers) -> None:
     mcmc.add_argument("--seed", type=int, default=0)
     mcmc.add_argument("--out", "-o", default="mcmc", help="output folder (default ./mcmc)")
     mcmc.add_argument("--resume", action="store_true", help="continue the run saved in --out")
-    mcmc.add_argument("--data-type", choices=("dna", "protein", "codon"), default=None)
-    mcmc.add_argument("--precision", choices=("float64", "float32"), default="float64")
+    add_data_options(mcmc)
     mcmc.add_argument("--dry-run", action="store_true",
                       help="print the data sizes, memory per device and the time of one evaluation; then exit")
     mcmc.add_argument("--max-time", help="stop, saved, after this long (e.g. 23h); SIGTERM, SIGINT, SIGUSR1 too")
-    from ._cli_env import add_mesh_options
-    from .cli import add_partition_options
 
     add_partition_options(mcmc, "unlinked branch lengths (each part its own, Exponential prior on each; the trees "
                                 "carry their site-weighted mean, the log every part's tree length TL.PART)")
     add_mesh_options(mcmc, "every visible device, whole runs per device where the runs divide evenly")
-    mcmc.set_defaults(run=run_mcmc)
+    mcmc.set_defaults(run=run)
 
 
-def run_mcmc(args) -> None:
+def run(args) -> None:
     import jaxphylo as jp
     from jaxphylo.inference._analysis import PRIOR_SETS
     from jaxphylo.inference._mc3 import DEFAULT_MOVES, MC3Settings
     from jaxphylo.inference._mc3_run import mc3
 
-    from ._cli_env import mesh_choice
-    from .cli import model_or_partitions, partition_choice, partitioned_model_of
 
     model_string = model_or_partitions(args, "mcmc")
-    alignment = jp.read_alignment(args.alignment, data_type=args.data_type)
+    alignment = jp.read_alignment(args.alignment, data_type=args.data_type, genetic_code=args.genetic_code)
     partitions = partition_choice(args)
     model = partitioned_model_of(args, alignment, model_string) if partitions else model_string
     jp.ml.check_inputs(alignment, model)
