@@ -3,7 +3,8 @@
     python benchmarks/scaling.py [--taxa 1000] [--patterns 100000] [--devices 1,2] [--mode strong|batch]
                                  [--trees-per-device 4] [--repeats 10] [--precision float64] [--out DIR]
     python benchmarks/scaling.py --mode mc3|bootstrap --alignment ALN [--model GTR+G4] [--per-device 2]
-                                 [--generations 1000] [--devices 1,2]
+                                 [--generations 1000] [--sample-every 100] [--devices 1,2]
+    ... [--profile] [--tag 4gpu-h100]      (strong/batch: where one step's time goes; the results file's name)
 
 `mc3` and `bootstrap` (weak scaling of whole runs): `--per-device` MC3 runs
 (4 chains, `--generations`) or bootstrap replicates per device on a real
@@ -17,14 +18,21 @@ respect to every branch length and model leaf, the patterns split over 1, 2,
 topologies over the same data, the trees split over the devices (mesh
 batch=n x patterns=1), as MC3 chains or bootstrap replicates would be.
 
-Each device count runs in a fresh process that sees only its first n devices'
-work, so that a GPU's peak memory (`memory_stats()["peak_bytes_in_use"]`) is
-that run's own. Columns: compile seconds (lower + compile, apart), the median
+Each device count runs in a fresh process that sees only the first n devices
+(on GPUs `CUDA_VISIBLE_DEVICES` hides the others), so that a GPU's peak
+memory (`memory_stats()["peak_bytes_in_use"]`) is that run's own. Columns:
+compile seconds (lower + compile, apart), the median
 seconds of the compiled value-and-gradient, XLA's own per-device account of
 the program (arguments + outputs + temporaries), the measured peak on a GPU,
 the time of one all-reduce of the cotangents alone (what crosses devices in
 a gradient: branch lengths and model leaves, plus a scalar forward), and the
-efficiency t1 / (n tn) (strong) or t1 / tn (batch).
+efficiency t1 / (n tn) (strong) or t1 / tn (batch). A strong row also gives
+the schedule each device runs (its step width, the widest that the memory cap
+allows for the device's columns, and the slots and level steps that follow;
+`--step-width W` forces a width, for probes) and the forward pass alone;
+`--profile` adds, per device, the kernels of one step traced with
+`jax.profiler` (busy and idle time, kernels per step and how many are under
+10 us, the largest kernels, the all-reduce kernels).
 
 On a CPU, force host devices for a smoke test (they share the cores, so the
 efficiency says nothing about speed there):
@@ -36,10 +44,12 @@ efficiency says nothing about speed there):
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,8 +88,8 @@ def one_application(args, count: int) -> dict:
     batch = args.per_device * count
     if args.mode == "mc3":
         mesh = jp.device_mesh(devices, batch=count, patterns=1)
-        settings = jp.inference.MC3Settings(runs=batch, chains=4, generations=args.generations, sample_every=10,
-                                            block=50)
+        settings = jp.inference.MC3Settings(runs=batch, chains=4, generations=args.generations,
+                                            sample_every=args.sample_every, block=50)
         run = lambda: jp.inference.mc3(alignment, model, settings=settings, seed=args.seed, mesh=mesh)  # noqa: E731
     else:
         mesh = jp.device_mesh(devices, trees=batch, num_patterns=alignment.site_patterns().weights.shape[0])
@@ -93,6 +103,7 @@ def one_application(args, count: int) -> dict:
         times.append(time.perf_counter() - start)
     return {"devices": count, "mesh": dict(mesh.shape), "alignment": Path(args.alignment).parent.name,
             "model": args.model, "batch": batch, "generations": args.generations if args.mode == "mc3" else None,
+            "sample_every": args.sample_every if args.mode == "mc3" else None,
             "patterns_per_device": int(alignment.site_patterns().weights.shape[0]),
             "compile_s": times[0] - times[1], "median_s": times[1], "xla_bytes_per_device": None,
             "peak_bytes_per_device": _peak(devices), "allreduce_s": 0.0, "repeats": 1}
@@ -120,7 +131,10 @@ def one_count(args, count: int) -> dict:
     sharded = jp.shard_pattern_data(data, mesh)
     model = jp.replicate(model, mesh)
 
+    schedule = None
     if batch is None:
+        schedule = _schedule_row(args.step_width, tree, model, sharded, mesh, args.precision)
+
         def objective(model, lengths, data):
             return jp.sharded_log_likelihood(data, tree.with_branch_lengths(lengths), model, mesh,
                                              precision=args.precision)
@@ -142,13 +156,112 @@ def one_count(args, count: int) -> dict:
         xla_bytes = memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
     median = time_call(lambda: compiled(dynamic), args.repeats)[1]
     leaves = sum(int(np.size(x)) for x in jax.tree_util.tree_leaves(eqx.filter((model, lengths), eqx.is_array)))
-    return {"devices": count, "mesh": dict(mesh.shape), "taxa": args.taxa, "patterns": args.patterns,
-            "trees": 1 if batch is None else len(batch), "precision": args.precision,
-            "patterns_per_device": sharded.tip_codes.shape[1] // mesh.shape["patterns"],
-            "compile_s": compile_s, "median_s": median, "xla_bytes_per_device": xla_bytes,
-            "peak_bytes_per_device": _peak(devices),
-            "allreduce_s": allreduce_seconds(mesh, leaves, args.repeats) if count > 1 else 0.0,
-            "repeats": args.repeats}
+    row = {"devices": count, "mesh": dict(mesh.shape), "taxa": args.taxa, "patterns": args.patterns,
+           "trees": 1 if batch is None else len(batch), "precision": args.precision,
+           "patterns_per_device": sharded.tip_codes.shape[1] // mesh.shape["patterns"],
+           "compile_s": compile_s, "median_s": median, "xla_bytes_per_device": xla_bytes,
+           "peak_bytes_per_device": _peak(devices),
+           "allreduce_s": allreduce_seconds(mesh, leaves, args.repeats) if count > 1 else 0.0,
+           "repeats": args.repeats}
+    if schedule is not None:
+        row["schedule_per_device"] = schedule
+        forward = jax.jit(lambda d: objective(*eqx.combine(d, static)))
+        row["forward_s"] = time_call(lambda: forward(dynamic), args.repeats)[1]
+    if args.profile:
+        row["profile"] = profile_step(lambda: compiled(dynamic), calls=3)
+    return row
+
+
+def _schedule_row(choice: str, tree, model, sharded, mesh, precision: str) -> dict:
+    """The schedule one device runs: the library's (`auto`: the widest step the memory cap allows for the
+    device's columns, `jaxphylo.likelihood._api.max_step_width`) or, for probes, a forced width."""
+    from jaxphylo._schedule import build_schedule, phase_widths, trim_slots
+    from jaxphylo.likelihood import _api
+    from jaxphylo.likelihood._peeling import exact_steps
+
+    dtype = _api.PRECISIONS[precision]
+    columns = sharded.tip_codes.shape[1] // mesh.shape["patterns"]
+    local = _api.PatternData(jax.ShapeDtypeStruct((sharded.tip_codes.shape[0], columns), sharded.tip_codes.dtype),
+                             sharded.tip_table, jax.ShapeDtypeStruct((columns,), dtype))
+    cap = _api.max_step_width(model, local, dtype)
+    if choice != "auto":  # the probe's forced width, wherever the likelihood asks for the cap
+        def forced(*_args, **_kwargs) -> int:
+            return int(choice)
+
+        _api.max_step_width = forced
+    width = phase_widths(tree.num_tips, cap if choice == "auto" else int(choice))[0]
+    schedule = trim_slots(build_schedule(tree.topology, width))
+    return {"rule": choice, "width": width, "slots": schedule.num_slots, "steps": sum(exact_steps(schedule))}
+
+
+def profile_step(call, calls: int = 3) -> dict:
+    """`calls` calls of a compiled step traced by `jax.profiler`: per device, the kernel time per call (the union
+    of its kernels' intervals on every stream), kernels per call, the largest kernels and the collectives."""
+    folder = tempfile.mkdtemp(prefix="scaling-trace-")
+    jax.block_until_ready(call())
+    start = time.perf_counter()
+    with jax.profiler.trace(folder):
+        for _ in range(calls):
+            jax.block_until_ready(call())
+    wall = (time.perf_counter() - start) / calls
+    paths = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
+    if not paths:
+        return {"error": f"no trace written under {folder}"}
+    try:
+        devices = _device_kernels(jax.profiler.ProfileData.from_file(paths[0]), calls)
+    except Exception as error:  # noqa: BLE001 - a probe: report, don't lose the row
+        return {"error": repr(error), "trace": paths[0]}
+    return {"traced_wall_ms_per_call": wall * 1e3, "calls": calls, "devices": devices, "trace": paths[0]}
+
+
+def _device_kernels(data, calls: int) -> dict:
+    devices = {}
+    for plane in data.planes:
+        if not plane.name.startswith("/device:") or plane.name.startswith("/device:CUSTOM"):
+            continue
+        intervals, kernels, lines = [], {}, {}
+        small = [0, 0.0]  # kernels under 10 us: count, time
+        for line in plane.lines:
+            events = list(line.events)
+            lines[line.name] = len(events)
+            if not line.name.lower().startswith("stream"):
+                continue
+            for event in events:
+                if event.name.lower().startswith("memcpy"):
+                    continue
+                intervals.append((event.start_ns, event.start_ns + event.duration_ns))
+                stats = dict(event.stats)
+                key = f"{event.name[:40]} | {str(stats.get('hlo_op', ''))[:40]}"
+                total, number = kernels.get(key, (0.0, 0))
+                kernels[key] = (total + event.duration_ns, number + 1)
+                if event.duration_ns < 10_000:
+                    small[0] += 1
+                    small[1] += event.duration_ns
+        if not intervals:
+            sample = [(e.name[:60], sorted(dict(e.stats))[:8]) for line in plane.lines for e in list(line.events)[:2]]
+            devices[plane.name] = {"lines": lines, "sample_events": sample[:6]}
+            continue
+        intervals.sort()
+        busy, (low, high) = 0, intervals[0]
+        for a, b in intervals[1:]:
+            if a > high:
+                busy, low, high = busy + high - low, a, b
+            else:
+                high = max(high, b)
+        busy += high - low
+        top = sorted(kernels.items(), key=lambda item: -item[1][0])
+        collective = {k: v for k, v in kernels.items() if any(w in k.lower() for w in ("all-reduce", "all_reduce",
+                                                                                        "nccl", "allreduce"))}
+        devices[plane.name] = {
+            "busy_ms_per_call": busy / calls / 1e6, "span_ms_per_call": (intervals[-1][1] - intervals[0][0]) / calls / 1e6,
+            "kernels_per_call": len(intervals) / calls, "distinct_kernels": len(kernels), "lines": lines,
+            "idle_ms_per_call": ((intervals[-1][1] - intervals[0][0]) - busy) / calls / 1e6,
+            "kernels_under_10us_per_call": small[0] / calls, "under_10us_ms_per_call": small[1] / calls / 1e6,
+            "most_launched_per_call": [(k, t / calls / 1e6, n // calls)
+                                       for k, (t, n) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:8]],
+            "top_kernels_ms_per_call": [(k, t / calls / 1e6, n // calls) for k, (t, n) in top[:12]],
+            "collectives_ms_per_call": {k: t / calls / 1e6 for k, (t, n) in collective.items()}}
+    return devices
 
 
 def _gib(n) -> str:
@@ -166,6 +279,12 @@ def main() -> None:
     parser.add_argument("--model", default="GTR+G4", help="mc3 and bootstrap modes: the model")
     parser.add_argument("--per-device", type=int, default=2, help="mc3: runs per device; bootstrap: replicates")
     parser.add_argument("--generations", type=int, default=1000, help="mc3: generations per chain")
+    parser.add_argument("--sample-every", type=int, default=100, help="mc3: generations between samples")
+    parser.add_argument("--profile", action="store_true", help="strong/batch: trace one step per device count")
+    parser.add_argument("--step-width", default="auto", help="strong, probes: auto (the library's rule: the "
+                        "widest step the memory cap allows) or a forced width")
+    parser.add_argument("--tag", help="results file scaling-MODE-TAG.json (e.g. 4gpu-h100); default "
+                        "scaling-MODE-PLATFORM.json")
     parser.add_argument("--precision", choices=("float64", "float32"), default="float64")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -186,9 +305,14 @@ def main() -> None:
     record = device_record("scaling")
     record.update(mode=args.mode, visible_devices=visible, process_count=jax.process_count())
     here = Path(__file__).resolve()
+    gpu_ids = None
+    if jax.devices()[0].platform == "gpu":  # each run sees only its devices: the first `count` of those visible
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpu_ids = listed.split(",") if listed else [str(i) for i in range(visible)]
     for count in counts:
         command = [sys.executable, str(here), *sys.argv[1:], "--one", str(count)]
-        run = subprocess.run(command, capture_output=True, text=True, cwd=here.parent, env=CHILD_ENV)
+        env = dict(CHILD_ENV, CUDA_VISIBLE_DEVICES=",".join(gpu_ids[:count])) if gpu_ids else CHILD_ENV
+        run = subprocess.run(command, capture_output=True, text=True, cwd=here.parent, env=env)
         rows = [line[4:] for line in run.stdout.splitlines() if line.startswith("ROW ")]
         if run.returncode != 0 or not rows:
             print(f"{count} devices failed:\n{run.stderr[-2000:]}", file=sys.stderr)
@@ -217,9 +341,31 @@ def main() -> None:
         print(f"{row['devices']:>7} {mesh:>10} {row['patterns_per_device']:>9} {row['compile_s']:>9.2f} "
               f"{row['median_s'] * 1e3:>10.3f} {row['allreduce_s'] * 1e3:>13.3f} "
               f"{_gib(row['xla_bytes_per_device']):>11} {_gib(row['peak_bytes_per_device']):>11} {efficiency:>10}")
+    for row in good:
+        if "schedule_per_device" in row:
+            sched = row["schedule_per_device"]
+            print(f"# {row['devices']} devices: width {sched['width']} ({sched['rule']}), {sched['slots']} slots, "
+                  f"{sched['steps']} steps per device; forward alone {row['forward_s'] * 1e3:.3f} ms")
+        for name, device in row.get("profile", {}).get("devices", {}).items():
+            if "busy_ms_per_call" in device:
+                print(f"# {row['devices']} devices, {name}: kernels busy {device['busy_ms_per_call']:.3f} ms, idle "
+                      f"{device['idle_ms_per_call']:.3f} ms of the span {device['span_ms_per_call']:.3f} ms per call; "
+                      f"{device['kernels_per_call']:.0f} kernels ({device['kernels_under_10us_per_call']:.0f} under "
+                      f"10 us: {device['under_10us_ms_per_call']:.3f} ms); collectives "
+                      f"{ {k: round(v, 3) for k, v in device['collectives_ms_per_call'].items()} }")
+                if name.endswith(":0"):
+                    for key, ms, number in device["top_kernels_ms_per_call"][:8]:
+                        print(f"#     {ms:8.3f} ms {number:5d}x  {key}")
     if record["platform"] == "cpu":
         print("# CPU: forced host devices share the same cores; efficiency here is a smoke test, not a speed-up")
-    save(record, args.out, f"scaling-{args.mode}")
+    record.update(step_width=args.step_width, argv=sys.argv[1:])
+    if args.tag:
+        path = Path(args.out) / f"scaling-{args.mode}-{args.tag}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=1))
+        print(f"wrote {path}")
+    else:
+        save(record, args.out, f"scaling-{args.mode}")
 
 
 if __name__ == "__main__":
