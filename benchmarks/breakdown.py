@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from jaxphylo.tree import branch_index, trim_slots
 from jaxphylo.likelihood import kernels
-from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, schedule_for
+from jaxphylo.likelihood import kernel_arrays, layout_lengths, schedule_for
 from likelihood import make_case
 
 def med(f, *a, n=30):

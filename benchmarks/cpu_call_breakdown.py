@@ -8,7 +8,7 @@ sys.path.insert(0, ".")
 import jax, jax.numpy as jnp, equinox as eqx
 import likelihood as bench
 from jaxphylo.tree import branch_index
-from jaxphylo.likelihood._api import schedule_for
+from jaxphylo.likelihood import schedule_for
 tree, model, data = bench.make_case("primates_mtDNA", 12, 413)
 dtype = jnp.float64
 schedule = schedule_for(tree, model, data, dtype)
@@ -31,7 +31,7 @@ except Exception as e:
     print("plain failed", e)
 tiny = jax.jit(lambda x: x + 1); x = jnp.ones(3)
 print("tiny jit:", med(lambda: tiny(x)))
-from jaxphylo.likelihood._api import kernel_arrays, layout_lengths
+from jaxphylo.likelihood import kernel_arrays, layout_lengths
 arrays = jax.jit(lambda m, b, s: kernel_arrays(m, layout_lengths(b, idx, s), data, dtype))
 print("P matrices etc:", med(lambda: arrays(model, tree.branch_lengths, schedule)))
 rates = jax.jit(lambda m: m.rate_categories()[0])

@@ -38,7 +38,7 @@ jax.config.update("jax_enable_x64", True)
 import jaxphylo as jp  # noqa: E402
 from jaxphylo.tree import branch_index  # noqa: E402
 from jaxphylo.likelihood import kernels  # noqa: E402
-from jaxphylo.likelihood._api import PatternData, kernel_arrays, layout_lengths, schedule_for  # noqa: E402
+from jaxphylo.likelihood import PatternData, kernel_arrays, layout_lengths, schedule_for  # noqa: E402
 
 from _common import beagle_reference, real_case  # noqa: E402
 

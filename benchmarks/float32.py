@@ -25,7 +25,7 @@ from jax import lax
 import jaxphylo as jp
 from jaxphylo.runtime import set_product_precision
 from jaxphylo.likelihood import pattern_data
-from jaxphylo.likelihood._api import data_log_likelihood
+from jaxphylo.likelihood import data_log_likelihood
 
 from _common import SHARED_DATA, device_record, save, time_call
 

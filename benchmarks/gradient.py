@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxphylo.tree import branch_index
-from jaxphylo.likelihood._api import _pattern_log_likelihoods, schedule_for, exact_steps
+from jaxphylo.likelihood import schedule_for, schedule_pattern_log_likelihoods
+from jaxphylo.likelihood.kernels import exact_steps
 
 from _common import SHARED_DATA, beagle_reference, device_record, save
 from likelihood import make_case, measured_bandwidth
@@ -40,7 +41,7 @@ CASES = [("primates_mtDNA", 12, 413), ("4", 50, 1000), ("dengue352_hmc_clock", 3
 
 def objective(index, static_steps, autodiff=False):
     def total(model, branch_lengths, data, schedule):
-        per_pattern = _pattern_log_likelihoods(model, branch_lengths, data, schedule, index, jnp.float64,
+        per_pattern = schedule_pattern_log_likelihoods(model, branch_lengths, data, schedule, index, jnp.float64,
                                                static_steps, autodiff)
         return jnp.sum(data.weights * per_pattern)
     return total

@@ -29,7 +29,7 @@ import numpy as np
 
 import jaxphylo as jp
 from jaxphylo.tree import branch_index
-from jaxphylo.likelihood._api import PatternData, _pattern_log_likelihoods, schedule_for
+from jaxphylo.likelihood import PatternData, schedule_for, schedule_pattern_log_likelihoods
 
 from _common import SHARED_DATA, beagle_reference, device_record, real_case, save, time_call
 
@@ -76,7 +76,7 @@ def make_case(states: str, taxa: int, patterns: int, seed: int = 0):
 
 @eqx.filter_jit
 def total_log_likelihood(model, branch_lengths, data, schedule, index, dtype, static_steps):
-    per_pattern = _pattern_log_likelihoods(model, branch_lengths, data, schedule, index, dtype, static_steps)
+    per_pattern = schedule_pattern_log_likelihoods(model, branch_lengths, data, schedule, index, dtype, static_steps)
     return jnp.sum(data.weights.astype(dtype) * per_pattern)
 
 

@@ -16,7 +16,7 @@ jax.config.update("jax_enable_x64", True)
 import likelihood as bench
 from jaxphylo.tree import branch_index
 from jaxphylo.likelihood import kernels
-from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, schedule_for
+from jaxphylo.likelihood import kernel_arrays, layout_lengths, schedule_for
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--quick", action="store_true")

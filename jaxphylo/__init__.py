@@ -16,11 +16,9 @@ from .tree import (  # noqa: E402
 )
 from .io import PartitionScheme, parse_newick, read_alignment, read_partitions, read_tree, write_tree  # noqa: E402
 from .likelihood import (  # noqa: E402
-    ancestral_marginals, branch_length_derivatives, log_likelihood, pattern_log_likelihoods,
+    ancestral_marginals, branch_length_derivatives, log_likelihood, partitioned_log_likelihoods, pattern_log_likelihoods,
 )
-from .models import (  # noqa: E402
-    Model, PartitionedModel, parse_model, partitioned_log_likelihoods, partitioned_model, simulate,
-)
+from .models import Model, PartitionedModel, parse_model, partitioned_model, simulate  # noqa: E402
 from . import coevolution, inference  # noqa: E402
 from .ml._parameters import ModelCoordinates, unconstrain  # noqa: E402
 from ._sharding import (  # noqa: E402

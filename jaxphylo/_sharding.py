@@ -54,7 +54,7 @@ from jaxtyping import Array, Float, Int
 
 from ._errors import InputError
 from .tree import Tree, TreeBatch
-from .likelihood._api import PRECISIONS, PatternData, batch_data_log_likelihoods, data_log_likelihood
+from .likelihood import PRECISIONS, PatternData, batch_data_log_likelihoods, data_log_likelihood
 from .models import Model
 
 AXES = ("batch", "patterns")

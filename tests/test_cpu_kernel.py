@@ -17,7 +17,7 @@ import pytest
 import jaxphylo as jp
 from jaxphylo.tree import branch_index, device_schedule, phase_widths
 from jaxphylo.likelihood import kernels
-from jaxphylo.likelihood._api import batch_layout_lengths, kernel_arrays, layout_lengths, pattern_data
+from jaxphylo.likelihood import batch_layout_lengths, kernel_arrays, layout_lengths, pattern_data
 
 MODELS = {
     4: "GTR{1.2,3.4,0.8,1.1,4.0}+F{.3,.2,.2,.3}+G4{0.5}",

@@ -11,7 +11,7 @@ import jaxphylo as jp
 from conftest import internal_state_terms
 from jaxphylo.likelihood import kernels
 from jaxphylo.tree import branch_index
-from jaxphylo.likelihood._api import kernel_arrays, layout_lengths, pattern_data
+from jaxphylo.likelihood import kernel_arrays, layout_lengths, pattern_data
 
 # Every parameter type of every model family, with +G, +I and +R.
 MODELS = [

@@ -183,7 +183,9 @@ def test_trimmed_schedule_has_a_row_per_used_slot_and_the_same_likelihood(kernel
     if kernel == "jax":
         monkeypatch.setattr(kernels.cpu, "available", lambda: False)
         jax.clear_caches()  # the jitted kernel choice is made when tracing
-    from jaxphylo.likelihood._api import _pattern_log_likelihoods, branch_index, exact_steps, pattern_data
+    from jaxphylo.likelihood import pattern_data, schedule_pattern_log_likelihoods
+    from jaxphylo.likelihood.kernels import exact_steps
+    from jaxphylo.tree import branch_index
 
     taxa = [f"t{i}" for i in range(200)]
     tree = jp.random_topology_tree(taxa, seed=4)
@@ -197,7 +199,7 @@ def test_trimmed_schedule_has_a_row_per_used_slot_and_the_same_likelihood(kernel
     index = branch_index(tree.topology)
 
     def value_and_grad(schedule):
-        total = lambda lengths: jnp.sum(data.weights * _pattern_log_likelihoods(  # noqa: E731
+        total = lambda lengths: jnp.sum(data.weights * schedule_pattern_log_likelihoods(  # noqa: E731
             model, lengths, data, schedule, index, jnp.float64, exact_steps(schedule)))
         return jax.value_and_grad(total)(tree.branch_lengths)
 

@@ -15,7 +15,7 @@ import pytest
 import jaxphylo as jp
 from jaxphylo.tree import device_schedule, phase_widths
 from jaxphylo.likelihood import kernels
-from jaxphylo.likelihood._api import PatternData, batch_layout_lengths, model_arrays
+from jaxphylo.likelihood import PatternData, batch_layout_lengths, model_arrays
 
 
 def _problem(taxa=7, patterns=200, trees=2, model="HKY{2.5}+F{0.3,0.2,0.2,0.3}+G2{0.7}", seed=0, **options):

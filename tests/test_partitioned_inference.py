@@ -21,11 +21,11 @@ import jaxphylo as jp
 from jaxphylo import ml
 from jaxphylo.tree import phase_widths
 from jaxphylo.io import read_partitions
-from jaxphylo.likelihood._api import _batch_pattern_log_likelihoods
+from jaxphylo.likelihood import batch_pattern_log_likelihoods
 from jaxphylo.ml._newton import node_branch_derivatives
 from jaxphylo.ml._nni import apply_nnis, nni_scores
 from jaxphylo.ml._search import kernel_batch
-from jaxphylo.models import partitioned_data
+from jaxphylo.likelihood import partitioned_data
 
 
 def write(path, text):
@@ -86,7 +86,7 @@ def test_partitioned_nni_scores_and_newton_derivatives_are_exact(tmp_path):
     weights = jnp.broadcast_to(data.weights, (2, data.weights.shape[0]))
 
     def log_l(parents, lengths, model=model):
-        per = _batch_pattern_log_likelihoods(model, parents, lengths, data, phase_widths(9), jnp.float64)
+        per = batch_pattern_log_likelihoods(model, parents, lengths, data, phase_widths(9), jnp.float64)
         return jnp.sum(weights * per, axis=-1)
 
     now = log_l(trees.parents, trees.branch_lengths)
@@ -150,7 +150,7 @@ def test_partitioned_spr_scores_are_exact(tmp_path):
 
         def log_l(parents, lengths, model=model, data=data):
             weights = jnp.broadcast_to(data.weights, (parents.shape[0], data.weights.shape[0]))
-            return jnp.sum(weights * _batch_pattern_log_likelihoods(model, parents, lengths, data, phase_widths(8),
+            return jnp.sum(weights * batch_pattern_log_likelihoods(model, parents, lengths, data, phase_widths(8),
                                                                     jnp.float64), axis=-1)
 
         scores = check_spr_scores(alignment, model, data, trees, lengths, 1, log_l)

@@ -24,7 +24,8 @@ import jaxphylo as jp
 from jaxphylo import InputError, ModelError
 from jaxphylo.io import PartitionScheme, SiteRange, read_partitions
 from jaxphylo.likelihood import kernels
-from jaxphylo.models import part_alignments, partitioned_data, partitioned_data_log_likelihoods
+from jaxphylo.models import part_alignments
+from jaxphylo.likelihood import partitioned_data, partitioned_data_log_likelihoods
 
 LASSA_MODELS = ("HKY{3.0}+F+G4{0.4}", "HKY{4.0}+F+G4{0.3}", "GTR{1.0,5.0,0.8,1.2,6.0}+F+G4{1.5}")
 DS1_MODELS = ("HKY{2.5}+F+G4{0.3}", "GTR{1.2,3.1,0.9,1.1,4.2}+F+I{0.2}+G4{0.7}")
@@ -499,7 +500,7 @@ def test_phylo_ctmc_takes_a_partitioned_model(example, tmp_path):
 
     alignment, tree = example
     model = jp.partitioned_model(example_scheme(tmp_path), alignment, rates=[0.7, 1.6, 1.1])
-    expected = float(jp.models.partitioned_log_likelihood(alignment, tree, model))
+    expected = float(jp.likelihood.partitioned_log_likelihood(alignment, tree, model))
     data = partitioned_data(alignment, tree, model)
     for observed in (alignment, data):
         assert float(jp.inference.PhyloCTMC(tree, model).log_prob(observed)) == pytest.approx(expected, abs=1e-9)

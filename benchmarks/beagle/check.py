@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jaxphylo as jp  # noqa: E402
-from jaxphylo.likelihood._api import pattern_data  # noqa: E402
+from jaxphylo.likelihood import pattern_data  # noqa: E402
 
 from _beagle import beagle_likelihood, tips_from_table  # noqa: E402
 

@@ -183,7 +183,7 @@ def _dry_run(alignment, start, model, args, settings) -> None:
     largest = "GTR+F+R10" if alignment.alphabet.num_states == 4 else "LG+F+R10"  # MF/MFP: the largest candidate
     model, _ = jp.ml._fit.resolve_model(largest if _selecting(args.model) else model, alignment)
     batch = 2 * max(args.batch, args.starts)
-    data = jp.models.partitioned_data(alignment, tree, model) if isinstance(model, jp.PartitionedModel) else \
+    data = jp.likelihood.partitioned_data(alignment, tree, model) if isinstance(model, jp.PartitionedModel) else \
         pattern_data(alignment, tree)
     plan(data, tree, model, args.precision, batch, True, alignment.num_sites,
          log=lambda text: print(text, file=sys.stderr))

@@ -36,10 +36,8 @@ from .._errors import ModelError
 from ..tree import TimeTree, Tree, branch_durations, start_heights, time_tree, with_sampled_tips
 from ..io import TipDates, read_partitions, to_dendropy
 from ..io._tree_files import _from_dendropy
-from ..likelihood import pattern_data
-from ..models import PartitionedModel, PartsEstimated, estimated_parameters, parse_model, partitioned_data, \
-    partitioned_model
-from ..models._partitioned import LINKS
+from ..likelihood import partitioned_data, pattern_data
+from ..models import LINKS, PartitionedModel, PartsEstimated, estimated_parameters, parse_model, partitioned_model
 from ._distribution import PhyloCTMC
 from ._model_priors import MRBAYES_PRIORS, initial_values, sample_model
 from ._tree_priors import BirthDeath, ConstantCoalescent, GammaDirichlet, Skygrid, Yule

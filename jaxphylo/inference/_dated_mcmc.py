@@ -51,7 +51,7 @@ from jaxtyping import Array, Float, Int
 from numpyro.infer.util import potential_energy
 
 from .._errors import InputError
-from ..likelihood._api import _batch_pattern_log_likelihoods
+from ..likelihood import batch_pattern_log_likelihoods
 from ..ml._parameters import ModelCoordinates
 from ._mc3 import check_moves
 from ._hmc_move import HMC_START_STEP, HMC_TARGET_ACCEPTANCE, leapfrog_trajectory
@@ -191,7 +191,7 @@ class DatedPosterior(eqx.Module):
             return jnp.zeros(parents.shape[0], heights.dtype)
         has_params = bool(jax.tree.leaves(params.get("model", {})))
         models = jax.vmap(self.coordinates.model)(params["model"]) if has_params else self.coordinates.template
-        per = _batch_pattern_log_likelihoods(models, parents, self.branch_lengths(parents, heights, params),
+        per = batch_pattern_log_likelihoods(models, parents, self.branch_lengths(parents, heights, params),
                                              self.data, self.widths, self.dtype, per_tree_models=has_params)
         return jnp.sum(self.data.weights * per, axis=-1)
 

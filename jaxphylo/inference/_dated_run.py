@@ -28,7 +28,7 @@ from .._errors import InputError, ModelError
 from ..tree import Tree, phase_widths, start_heights, time_tree
 from ..tree import random_topology_tree
 from .._sharding import to_host
-from ..likelihood._api import PRECISIONS, max_step_width, pattern_data
+from ..likelihood import PRECISIONS, max_step_width, pattern_data
 from ..ml._fit import resolve_model
 from ..ml._parameters import ModelCoordinates
 from ..ml._search import model_record

@@ -15,8 +15,9 @@ from ..data import Alignment
 from .._errors import InputError, ModelError
 from ..tree import Tree
 from ..likelihood import PatternData, data_log_likelihood, pattern_data
-from ..models import Model, PartitionedModel, partitioned_data, partitioned_data_log_likelihoods
-from ..models._partitioned import PartitionedData, grouped_data
+from ..models import Model, PartitionedModel
+from ..likelihood import partitioned_data, partitioned_data_log_likelihoods
+from ..likelihood import PartitionedData, grouped_data
 
 
 class PhyloCTMC(Distribution):
@@ -41,7 +42,7 @@ class PhyloCTMC(Distribution):
     `model` may be a `PartitionedModel` (`jp.partitioned_model`: a model per
     part, branch lengths linked, proportional or unlinked): `log_prob` is then
     `sum_k log L(A_k | tree, t_k, M_k)` over the parts, and `obs` an
-    `Alignment` or the `PartitionedData` of `jp.models.partitioned_data`.
+    `Alignment` or the `PartitionedData` of `jp.likelihood.partitioned_data`.
     Drawn from a partitioned model, an alignment is every part's sites
     (the model's `site_counts`; `num_sites` is not needed) evolved under its
     own model and lengths, as uncompressed `PartitionedData`.

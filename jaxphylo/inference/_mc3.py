@@ -43,7 +43,7 @@ from numpyro.infer.util import potential_energy
 
 from .._errors import InputError
 from .._sharding import to_host
-from ..likelihood._api import _batch_pattern_log_likelihoods
+from ..likelihood import batch_pattern_log_likelihoods
 from ..ml._parameters import ModelCoordinates
 from ._model_priors import sample_model
 from ._hmc_move import HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, hmc_proposal
@@ -135,7 +135,7 @@ class Posterior(eqx.Module):
         parents, lengths = jax.vmap(from_view)(up, edge, root)
         has_params = bool(jax.tree.leaves(params))
         models = jax.vmap(self.coordinates.model)(params) if has_params else self.coordinates.template
-        per = _batch_pattern_log_likelihoods(models, parents, lengths, self.data, self.widths, self.dtype,
+        per = batch_pattern_log_likelihoods(models, parents, lengths, self.data, self.widths, self.dtype,
                                              per_tree_models=has_params)
         return jnp.sum(self.data.weights * per, axis=-1)
 

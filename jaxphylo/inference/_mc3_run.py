@@ -27,7 +27,7 @@ from .._errors import InputError
 from ..tree import phase_widths
 from .._sharding import place_batch, place_data, replicate, to_host
 from ..tree import random_topology_tree
-from ..likelihood._api import PRECISIONS, max_step_width
+from ..likelihood import PRECISIONS, max_step_width
 from ..ml._fit import resolve_model
 from ..ml._parameters import ModelCoordinates
 from ..ml._search import kernel_batch, model_record, search_data, search_lengths, search_template

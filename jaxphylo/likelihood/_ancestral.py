@@ -10,7 +10,8 @@ from ..data import Alignment
 from .._errors import InputError
 from ..tree import Schedule, Tree
 from ..models import Model
-from ._api import PatternData, kernel_arrays, layout_lengths, prepare
+from ._api import prepare
+from ._arrays import PatternData, kernel_arrays, layout_lengths
 from .kernels import marginals, post_order_partials, pre_order_partials
 
 

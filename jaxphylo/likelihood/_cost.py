@@ -27,10 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..models import PartitionedModel
-from ..runtime import ResourceError, device_free_memory, gib, resident_bytes
+from ..runtime import ResourceError, device_free_memory, gib, peak_resident_bytes, reset_peak_resident, resident_bytes
 from ..tree import Tree, TreeBatch
 from .kernels import cpu_wanted
-from ._api import PRECISIONS, PatternData, batch_data_log_likelihoods
+from ._api import batch_data_log_likelihoods
+from ._arrays import PRECISIONS, PatternData
 
 CPU_KERNEL_BLOCK = 8 << 20  # bytes of scratch per CPU-kernel thread (likelihood/_cpu/peeling.cc)
 

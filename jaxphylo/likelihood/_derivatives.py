@@ -18,7 +18,8 @@ from ..data import Alignment
 from ..runtime import product_precision
 from ..tree import Schedule, Tree
 from ..models import Model
-from ._api import PatternData, kernel_arrays, layout_lengths, prepare
+from ._api import prepare
+from ._arrays import PatternData, kernel_arrays, layout_lengths
 from .kernels import branch_derivative_visitor, log_likelihoods_from, post_order_partials, pre_order_partials
 
 

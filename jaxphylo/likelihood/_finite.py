@@ -85,7 +85,9 @@ def require_finite(value, *, model, tree, per_pattern=None, gradient=None, where
 def check_start(data, tree, model, precision: str = "float64", where: str = "starting log-likelihood") -> float:
     """The log-likelihood of pattern `data` on `tree` under `model`, once it and its gradient are known finite."""
     from ..tree import branch_index
-    from ._api import PRECISIONS, PatternData, _pattern_log_likelihoods, data_log_likelihood, schedule_for
+    from ._api import data_log_likelihood
+    from ._arrays import PRECISIONS, PatternData
+    from ._single import schedule_for, schedule_pattern_log_likelihoods
 
     def total(lengths, model):
         return data_log_likelihood(data, tree.with_branch_lengths(lengths), model, precision=precision)
@@ -94,7 +96,7 @@ def check_start(data, tree, model, precision: str = "float64", where: str = "sta
     per_pattern = None
     if not np.isfinite(float(value)) and isinstance(data, PatternData):  # one model's patterns: name the worst
         dtype = PRECISIONS[precision]
-        per_pattern = _pattern_log_likelihoods(model, tree.branch_lengths, data, schedule_for(tree, model, data, dtype),
+        per_pattern = schedule_pattern_log_likelihoods(model, tree.branch_lengths, data, schedule_for(tree, model, data, dtype),
                                                branch_index(tree.topology), dtype)
     require_finite(value, model=model, tree=tree, per_pattern=per_pattern,
                    gradient={"branch_lengths": d_lengths, "model": d_model}, where=where)

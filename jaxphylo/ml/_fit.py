@@ -24,9 +24,9 @@ from ..data import Alignment
 from .._errors import ModelError
 from ..tree import Tree
 from ..likelihood import data_log_likelihood, pattern_data
-from ..likelihood._api import PRECISIONS, _check_inputs
-from ..models._partitioned import _check_lengths
-from ..models import Model, PartitionedModel, PartsEstimated, estimated_parameters, model_string, parse_model, partitioned_data
+from ..likelihood import PRECISIONS, check_inputs, check_lengths
+from ..models import Model, PartitionedModel, PartsEstimated, estimated_parameters, model_string, parse_model
+from ..likelihood import partitioned_data
 from ._optimise import OPTIMIZERS, minimise
 from ._parameters import ModelCoordinates, estimate_sets, lengths_from_unconstrained, lengths_to_unconstrained
 
@@ -101,9 +101,9 @@ def reported_parameters(values: dict, model) -> dict:
 def _fit_data(alignment: Alignment, tree: Tree, model):
     """`(pattern data, starting branch lengths)`: `[K, nodes]` lengths for a partitioned model's unlinked ones."""
     if not isinstance(model, PartitionedModel):
-        _check_inputs(alignment, tree, model)
+        check_inputs(alignment, tree, model)
         return pattern_data(alignment, tree), jnp.asarray(tree.branch_lengths, float)
-    _check_lengths(tree, model)
+    check_lengths(tree, model)
     data = partitioned_data(alignment, tree, model)
     lengths = jnp.asarray(tree.branch_lengths, float)
     if model.link == "unlinked":

@@ -59,13 +59,13 @@ from .._errors import InputError, ModelError
 from ..tree import Tree, bionj
 from ..likelihood import data_log_likelihood, pattern_data
 from ..io._partitions import PartitionScheme
-from ..likelihood._api import PRECISIONS, _check_inputs
+from ..likelihood import PRECISIONS, check_inputs
 from ..models import (
     EMPIRICAL_MODELS, GTR, HKY85, NAMED_DNA_MODELS, TN93, ConstrainedGTR, DiscreteGamma, FreeRates, InvariantSites,
     Model, RateVariation, SubstitutionModel, UniformRates, empirical_frequencies, parse_model, rate_classes,
 )
 from ..models._amino_acid import empirical_matrix
-from ..models._partitioned import split_alignment
+from ..models import split_alignment
 from ..models._rates import discrete_gamma_rates
 from ._fit import MLResult, _tree_lengths
 from ._optimise import minimise
@@ -715,7 +715,7 @@ def select_model(
         chosen = default_candidates(alignment, mset, mrate)
         # IQ-TREE 2 filters rate types only with its default rate set (-mrate AUTO): a given -mrate is fitted in full
         pruning = _automatic_rates(mrate) and any("R" in c.rate for c in chosen)
-    _check_inputs(alignment, tree, parse_model(chosen[0].parse_string, alignment=alignment))
+    check_inputs(alignment, tree, parse_model(chosen[0].parse_string, alignment=alignment))
     selector = _Selector(alignment, tree, criterion, precision, tolerance, max_iterations, batch_size, progress)
     families = list(dict.fromkeys((c.base, c.frequency) for c in chosen))
     if pruning:

@@ -18,10 +18,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ..tree import device_schedule, mask_like
-from ..likelihood._api import _batch_pattern_log_likelihoods, batch_layout_lengths
+from ..likelihood import batch_layout_lengths, batch_pattern_log_likelihoods, group_kernel_arrays, part_layout_lengths
 from ..likelihood._derivatives import derivatives_from_arrays, layout_branch_derivatives
 from ..models import PartitionedModel
-from ..models._partitioned import group_kernel_arrays, part_layout_lengths
 from ._parameters import MAX_LENGTH, MIN_LENGTH
 
 FRACTIONS = (1.0, 0.5, 0.25, 0.0)
@@ -76,7 +75,7 @@ def newton_lengths(parents: Int[Array, "B M"], lengths: Float[Array, "B M *K"], 
 
     def log_likelihoods(candidates):
         k = len(FRACTIONS)
-        per = _batch_pattern_log_likelihoods(problem.model, jnp.tile(parents, (k, 1)),
+        per = batch_pattern_log_likelihoods(problem.model, jnp.tile(parents, (k, 1)),
                                              candidates.reshape((k * batch,) + lengths.shape[1:]),
                                              problem.data, problem.widths, problem.dtype)
         return jnp.sum(jnp.tile(problem.weights, (k, 1)) * per, axis=-1).reshape(k, batch)

@@ -30,11 +30,10 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ..runtime import product_precision
 from ..tree import device_schedule, kernel_children, mask_like
-from ..likelihood._api import batch_layout_lengths, kernel_arrays
+from ..likelihood import batch_layout_lengths, group_kernel_arrays, kernel_arrays, part_layout_lengths
 from ..likelihood.kernels import (apply_transition, pre_order_partials, child_partials, gather_rows, level_loop, log_likelihoods_from,
                                    post_order_partials, step_children, write_rows)
 from ..models import PartitionedModel
-from ..models._partitioned import group_kernel_arrays, part_layout_lengths
 from ._parameters import MAX_LENGTH, MIN_LENGTH
 
 NEWTON_STEPS = 10

@@ -43,8 +43,9 @@ from .._sharding import place_batch, place_data
 from ..tree import random_topology_tree
 from ..likelihood import pattern_data
 from ..likelihood._finite import require_finite
-from ..likelihood._api import PRECISIONS, _batch_pattern_log_likelihoods, max_step_width, node_bytes
-from ..models import Model, PartitionedModel, partitioned_data
+from ..likelihood import PRECISIONS, batch_pattern_log_likelihoods, max_step_width, node_bytes
+from ..models import Model, PartitionedModel
+from ..likelihood import partitioned_data
 from ._fit import MLResult, reported_parameters, resolve_model
 from ._newton import newton_lengths
 from ._nni import apply_nnis, independent_moves, nni_scores
@@ -105,7 +106,7 @@ class Problem(eqx.Module):
 
 def _lengths_objective(u, parents, fixed, problem: Problem):
     lengths = jnp.where(mask_like(fixed, u), 0.0, lengths_from_unconstrained(u))
-    per = _batch_pattern_log_likelihoods(problem.model, parents, lengths, problem.data, problem.widths, problem.dtype)
+    per = batch_pattern_log_likelihoods(problem.model, parents, lengths, problem.data, problem.widths, problem.dtype)
     return -jnp.sum(problem.weights * per)
 
 
@@ -181,7 +182,7 @@ def lbfgs_lengths(parents, lengths, fixed, problem: Problem, tolerance: float, m
 
 @eqx.filter_jit
 def tree_log_likelihoods(parents, lengths, problem: Problem):
-    per = _batch_pattern_log_likelihoods(problem.model, parents, lengths, problem.data, problem.widths, problem.dtype)
+    per = batch_pattern_log_likelihoods(problem.model, parents, lengths, problem.data, problem.widths, problem.dtype)
     return jnp.sum(problem.weights * per, axis=-1)
 
 
@@ -621,7 +622,7 @@ def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch, l
     if np.all(np.isfinite(values)):
         return
     k = int(np.argmax(~np.isfinite(values)))
-    per_pattern = _batch_pattern_log_likelihoods(problem.model, batch.parents, lengths, problem.data,
+    per_pattern = batch_pattern_log_likelihoods(problem.model, batch.parents, lengths, problem.data,
                                                  problem.widths, problem.dtype)[k]
     tree = TreeBatch(batch.parents[k:k + 1], batch.branch_lengths[k:k + 1], batch.taxa).to_trees(rooted=False)[0]
     require_finite(values[k], model=problem.model, tree=tree, per_pattern=per_pattern,

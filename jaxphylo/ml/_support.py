@@ -30,8 +30,8 @@ import numpy as np
 
 from ..data import Alignment, distances
 from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
-from ..tree import Tree, TreeBatch, bionj, fixed_branches, kernel_splits, phase_widths, splits
-from ..likelihood._api import PRECISIONS, max_step_width
+from ..tree import Topology, Tree, TreeBatch, bionj, fixed_branches, kernel_splits, phase_widths, splits
+from ..likelihood import PRECISIONS, max_step_width
 from .._sharding import place_batch, place_data
 from ..models import PartitionedModel, part_alignments
 from ._fit import MLResult

@@ -7,10 +7,7 @@ from ._frequencies import codon_frequencies, empirical_frequencies
 from ._model import Model
 from ._nucleotide import F81, GTR, HKY85, JC69, K80, NAMED_DNA_MODELS, TN93, ConstrainedGTR, rate_classes
 from ._parse import estimated_parameters, model_string, parse_model
-from ._partitioned import (
-    PartitionedModel, PartsEstimated, part_alignments, partitioned_data, partitioned_data_log_likelihoods, partitioned_log_likelihood,
-    partitioned_log_likelihoods, partitioned_model,
-)
+from ._partitioned import LINKS, PartitionedModel, PartsEstimated, part_alignments, partitioned_model, split_alignment
 from ._simulate import simulate
 from ._rates import DiscreteGamma, FreeRates, InvariantSites, RateVariation, UniformRates
 
@@ -20,6 +17,6 @@ __all__ = [
     "EmpiricalAminoAcid", "EMPIRICAL_MODELS", "GY94",
     "RateVariation", "UniformRates", "DiscreteGamma", "FreeRates", "InvariantSites",
     "empirical_frequencies", "codon_frequencies",
-    "PartitionedModel", "PartsEstimated", "partitioned_model", "part_alignments", "partitioned_data", "partitioned_data_log_likelihoods",
-    "partitioned_log_likelihood", "partitioned_log_likelihoods", "simulate",
+    "PartitionedModel", "PartsEstimated", "partitioned_model", "part_alignments", "split_alignment", "LINKS",
+    "simulate",
 ]

@@ -11,13 +11,14 @@ The contract every backend keeps (`_xla.py` is the reference the others are test
   `P`, `pi`, `w` and the table by the pre-order pass (a `jax.custom_vjp`).
 
 Backends: `xla` (level-batched XLA ops, everywhere), `pallas` (Triton programs per level, opt-in on
-GPUs), `cpu` (the C++ XLA FFI kernel, `cpp/`). `_backend.py` chooses among them, and nothing else
-does. A new backend is a file beside these (copy `_pallas.py`'s shape: a post-order pass, a
-pre-order pass) plus one branch in `_backend.py`.
+GPUs), `cpu` (the C++ XLA FFI kernel, `cpp/`). `_choice.py` chooses among them, and nothing else
+does; `_kernel.py` is the differentiable kernel built on that choice (`pattern_log_likelihoods`, a
+`jax.custom_vjp`) and `evaluate`, the whole call. A new backend is a file beside these (copy
+`_pallas.py`'s shape: a post-order pass, a pre-order pass) plus one branch in `_choice.py`.
 """
 
 from . import _cpu as cpu, _pallas as pallas, _xla as xla  # noqa: F401 (the backends, by name)
-from ._backend import (
+from ._choice import (
     KERNEL_ENV as KERNEL_ENV,
     cpu_wanted as cpu_wanted,
     pallas_wanted as pallas_wanted,
@@ -28,7 +29,7 @@ from ._preorder import (
     marginals as marginals,
     pre_order_partials as pre_order_partials,
 )
-from ._vjp import pattern_log_likelihoods as pattern_log_likelihoods
+from ._kernel import evaluate as evaluate, pattern_log_likelihoods as pattern_log_likelihoods
 from ._walk import (
     exact_steps as exact_steps,
     gather_rows as gather_rows,

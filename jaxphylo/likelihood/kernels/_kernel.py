@@ -21,7 +21,8 @@ from jaxtyping import Array, Float, Int
 from ...runtime import product_precision
 from ...tree import Schedule
 from . import _pallas
-from ._backend import pallas_wanted, post_order_partials
+from . import _cpu, _xla
+from ._choice import cpu_wanted, pallas_wanted, post_order_partials
 from ._xla import log_likelihoods_from, root_sum
 from ._preorder import pre_order_partials, transition_cotangent_visitor
 
@@ -113,3 +114,18 @@ def _root_cotangents(pattern_cotangent, root: Float[Array, "B C patterns S"], ro
 
 
 pattern_log_likelihoods.defvjp(_forward_rule, _backward, symbolic_zeros=True)
+
+
+def evaluate(arrays, schedule: Schedule, static_steps=None, autodiff: bool = False) -> Float[Array, "B patterns"]:
+    """`log L_c` of kernel arrays `(P, pi, w, codes, table)` by the chosen backend: the C++ kernel on a CPU,
+    else the custom-VJP kernel (XLA or Pallas passes); with `autodiff`, plain autodiff through the XLA
+    post-order pass with fixed-length loops (`static_steps`), for comparison."""
+    # A schedule closed over by an outer jit is a constant: XLA would then unroll the level loops and
+    # constant-fold the first steps (seconds of compile time, and a program per topology). Keep it opaque.
+    schedule = jax.lax.optimization_barrier(schedule)
+    if autodiff:
+        return _xla.pattern_log_likelihoods(*arrays, schedule, static_steps)
+    if cpu_wanted():
+        # One C++ call per pass instead of XLA's many small ops per level (issue #19: 10-100x on a CPU).
+        return _cpu.pattern_log_likelihoods(*arrays, schedule)
+    return pattern_log_likelihoods(*arrays, schedule, static_steps)

@@ -48,3 +48,4 @@ def post_order_partials(
     if pallas_wanted(tip_table.shape[1]):
         return _pallas.post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
     return _xla.post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
+
