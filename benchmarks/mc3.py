@@ -39,7 +39,7 @@ import jaxphylo as jp  # noqa: E402
 from _common import SHARED_DATA, device_record, save  # noqa: E402
 from jaxphylo.inference._mc3 import MC3Settings, run_block  # noqa: E402
 from jaxphylo.inference._mc3_run import starting_state  # noqa: E402
-from jaxphylo.inference._model_priors import MRBAYES_PRIORS  # noqa: E402
+from jaxphylo.models import MRBAYES_PRIORS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "validation" / "mc3"))

@@ -174,21 +174,24 @@ def one_count(args, count: int) -> dict:
 
 def _schedule_row(choice: str, tree, model, sharded, mesh, precision: str) -> dict:
     """The schedule one device runs: the library's (`auto`: the widest step the memory cap allows for the
-    device's columns, `jaxphylo.likelihood._api.max_step_width`) or, for probes, a forced width."""
-    from jaxphylo._schedule import build_schedule, phase_widths, trim_slots
-    from jaxphylo.likelihood import _api
-    from jaxphylo.likelihood._peeling import exact_steps
+    device's columns, `jaxphylo.likelihood.max_step_width`) or, for probes, a forced width."""
+    from jaxphylo.likelihood import PRECISIONS, PatternData, max_step_width
+    from jaxphylo.likelihood.kernels import exact_steps
+    from jaxphylo.tree import build_schedule, phase_widths, trim_slots
 
-    dtype = _api.PRECISIONS[precision]
+    dtype = PRECISIONS[precision]
     columns = sharded.tip_codes.shape[1] // mesh.shape["patterns"]
-    local = _api.PatternData(jax.ShapeDtypeStruct((sharded.tip_codes.shape[0], columns), sharded.tip_codes.dtype),
-                             sharded.tip_table, jax.ShapeDtypeStruct((columns,), dtype))
-    cap = _api.max_step_width(model, local, dtype)
-    if choice != "auto":  # the probe's forced width, wherever the likelihood asks for the cap
+    local = PatternData(jax.ShapeDtypeStruct((sharded.tip_codes.shape[0], columns), sharded.tip_codes.dtype),
+                        sharded.tip_table, jax.ShapeDtypeStruct((columns,), dtype))
+    cap = max_step_width(model, local, dtype)
+    if choice != "auto":  # the probe's forced width, where the one-tree likelihood asks for the cap (a probe
+        # reaches into the module that asks: no option of the library forces a width)
+        from jaxphylo.likelihood import _single
+
         def forced(*_args, **_kwargs) -> int:
             return int(choice)
 
-        _api.max_step_width = forced
+        _single.max_step_width = forced
     width = phase_widths(tree.num_tips, cap if choice == "auto" else int(choice))[0]
     schedule = trim_slots(build_schedule(tree.topology, width))
     return {"rule": choice, "width": width, "slots": schedule.num_slots, "steps": sum(exact_steps(schedule))}

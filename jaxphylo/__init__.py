@@ -20,7 +20,7 @@ from .likelihood import (  # noqa: E402
 )
 from .models import Model, PartitionedModel, parse_model, partitioned_model, simulate  # noqa: E402
 from . import coevolution, inference  # noqa: E402
-from .ml._parameters import ModelCoordinates, unconstrain  # noqa: E402
+from .models import ModelCoordinates, unconstrain  # noqa: E402
 from ._sharding import (  # noqa: E402
     device_mesh, replicate, shard_pattern_data, sharded_batch_log_likelihoods, sharded_log_likelihood,
 )

@@ -16,7 +16,7 @@ from jaxphylo.inference._dated_mcmc import (DatedPosterior, DatedSettings, initi
                                             ratio_coordinates, ratio_heights, ratio_log_jacobian, run_block)
 from jaxphylo.inference._dated_run import dated_mcmc
 from jaxphylo.inference._time_tree_summary import clade_masks
-from jaxphylo.ml._parameters import ModelCoordinates
+from jaxphylo.models import ModelCoordinates
 
 TIPS = np.array([0.0, 0.5, 1.0, 0.2])  # four tips sampled through time
 

@@ -85,7 +85,7 @@ def test_free_rate_stopping_rule():
 def test_free_rate_start_is_the_discrete_gamma():
     """+R k starts from Yang's k Gamma category means, computed on the host (no program per k): the model's own."""
     from jaxphylo.ml._model_selection import _gamma_category_means
-    from jaxphylo.models._rates import discrete_gamma_rates
+    from jaxphylo.models import discrete_gamma_rates
 
     for shape in (0.0202, 0.3, 1.0, 7.5, 990.0):
         np.testing.assert_allclose(_gamma_category_means(shape, 3),

@@ -15,7 +15,7 @@ import scipy.special
 import scipy.stats
 
 import jaxphylo as jp
-from jaxphylo.models._rates import discrete_gamma_rates, median_gamma_rates
+from jaxphylo.models import discrete_gamma_rates, median_gamma_rates
 
 SHAPES = np.geomspace(0.02, 200.0, 25)
 

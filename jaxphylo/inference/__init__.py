@@ -8,7 +8,7 @@ from ._dated_start import rooted_time_tree, start_time_tree
 from ._distribution import PhyloCTMC
 from ._mc3 import MC3Settings
 from ._mc3_run import MC3Result, mc3
-from ._model_priors import MRBAYES_PRIORS, default_priors, initial_values, sample_model
+from ..models import MRBAYES_PRIORS, default_priors, initial_values, sample_model
 from ..tree import (
     TimeTree, branch_durations, heights_from_tree, heights_to_ratios, node_anchors, ratio_log_jacobian, ratios_to_heights, start_heights, time_tree, with_sampled_tips,
 )

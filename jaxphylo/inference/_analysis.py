@@ -39,7 +39,7 @@ from ..io._tree_files import _from_dendropy
 from ..likelihood import partitioned_data, pattern_data
 from ..models import LINKS, PartitionedModel, PartsEstimated, estimated_parameters, parse_model, partitioned_model
 from ._distribution import PhyloCTMC
-from ._model_priors import MRBAYES_PRIORS, initial_values, sample_model
+from ..models import MRBAYES_PRIORS, initial_values, sample_model
 from ._tree_priors import BirthDeath, ConstantCoalescent, GammaDirichlet, Skygrid, Yule
 
 CLOCKS = (None, "strict", "relaxed")

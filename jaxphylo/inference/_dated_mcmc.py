@@ -52,10 +52,9 @@ from numpyro.infer.util import potential_energy
 
 from .._errors import InputError
 from ..likelihood import batch_pattern_log_likelihoods
-from ..ml._parameters import ModelCoordinates
+from ..models import ModelCoordinates, sample_model
 from ._mc3 import check_moves
 from ._hmc_move import HMC_START_STEP, HMC_TARGET_ACCEPTANCE, leapfrog_trajectory
-from ._model_priors import sample_model
 from ._time_tree_moves import ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, ancestors_of, propose_time_tree
 from ._tree_priors import birth_death_times_log_density, coalescent_times_log_density
 

@@ -30,7 +30,7 @@ from ..tree import random_topology_tree
 from .._sharding import to_host
 from ..likelihood import PRECISIONS, max_step_width, pattern_data
 from ..ml._fit import resolve_model
-from ..ml._parameters import ModelCoordinates
+from ..models import ModelCoordinates
 from ..ml._search import model_record
 from ._analysis import _rate_guess
 from ._dated_mcmc import DATED_MOVES, SPECIATION_PRIORS, DatedPosterior, DatedSettings, initial_state, run_block

@@ -44,8 +44,7 @@ from numpyro.infer.util import potential_energy
 from .._errors import InputError
 from .._sharding import to_host
 from ..likelihood import batch_pattern_log_likelihoods
-from ..ml._parameters import ModelCoordinates
-from ._model_priors import sample_model
+from ..models import ModelCoordinates, sample_model
 from ._hmc_move import HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, hmc_proposal
 from ._parameter_moves import START_TUNING, propose_parameters, support_kind
 from ._tree_moves import BRANCH_MOVES, MULTIPLIER_TUNING, TOPOLOGY_MOVES, from_view, propose_tree, to_view

@@ -29,7 +29,7 @@ from .._sharding import place_batch, place_data, replicate, to_host
 from ..tree import random_topology_tree
 from ..likelihood import PRECISIONS, max_step_width
 from ..ml._fit import resolve_model
-from ..ml._parameters import ModelCoordinates
+from ..models import ModelCoordinates
 from ..ml._search import kernel_batch, model_record, search_data, search_lengths, search_template
 from ..models import PartitionedModel
 from ._mc3 import MOVES, MC3Settings, Posterior, initial_state, run_block, state_from_numpy, state_to_numpy

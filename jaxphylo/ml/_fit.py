@@ -28,7 +28,7 @@ from ..likelihood import PRECISIONS, check_inputs, check_lengths
 from ..models import Model, PartitionedModel, PartsEstimated, estimated_parameters, model_string, parse_model
 from ..likelihood import partitioned_data
 from ._optimise import OPTIMIZERS, minimise
-from ._parameters import ModelCoordinates, estimate_sets, lengths_from_unconstrained, lengths_to_unconstrained
+from ..models import ModelCoordinates, estimate_sets, lengths_from_unconstrained, lengths_to_unconstrained
 
 
 @dataclass

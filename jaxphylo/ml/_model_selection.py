@@ -64,12 +64,10 @@ from ..models import (
     EMPIRICAL_MODELS, GTR, HKY85, NAMED_DNA_MODELS, TN93, ConstrainedGTR, DiscreteGamma, FreeRates, InvariantSites,
     Model, RateVariation, SubstitutionModel, UniformRates, empirical_frequencies, parse_model, rate_classes,
 )
-from ..models._amino_acid import empirical_matrix
+from ..models import discrete_gamma_rates, empirical_matrix, lengths_to_unconstrained
 from ..models import split_alignment
-from ..models._rates import discrete_gamma_rates
 from ._fit import MLResult, _tree_lengths
 from ._optimise import minimise
-from ._parameters import lengths_to_unconstrained
 
 CRITERIA = ("AIC", "AICc", "BIC")
 SCORE_DIFF_THRESHOLD = 10.0  # IQ-TREE 2's score_diff_thres: rate types kept after the first model

@@ -34,7 +34,7 @@ from ..likelihood import batch_layout_lengths, group_kernel_arrays, kernel_array
 from ..likelihood.kernels import (apply_transition, pre_order_partials, child_partials, gather_rows, level_loop, log_likelihoods_from,
                                    post_order_partials, step_children, write_rows)
 from ..models import PartitionedModel
-from ._parameters import MAX_LENGTH, MIN_LENGTH
+from ..models import MAX_LENGTH, MIN_LENGTH
 
 NEWTON_STEPS = 10
 CHUNK_BYTES = 1 << 28  # per chunk of edges scored together

@@ -50,7 +50,7 @@ from ._fit import MLResult, reported_parameters, resolve_model
 from ._newton import newton_lengths
 from ._nni import apply_nnis, independent_moves, nni_scores
 from ._optimise import minimise
-from ._parameters import ModelCoordinates, lengths_from_unconstrained, lengths_to_unconstrained
+from ..models import ModelCoordinates, lengths_from_unconstrained, lengths_to_unconstrained
 from ._spr import regrafted_tree, spr_scores
 from ..tree import kernel_splits
 

@@ -48,7 +48,7 @@ from ..runtime import product_precision
 from ..tree import kernel_children, rooted_on_first_tip, unrooted
 from ._nni import (CHUNK_BYTES, EigenSystem, TreePartials, _parts_last, branch_newton, eigen_coefficients,
                    part_branch_newton, part_sources)
-from ._parameters import MAX_LENGTH, MIN_LENGTH
+from ..models import MAX_LENGTH, MIN_LENGTH
 
 class UnrootedTree(eqx.Module):
     """A kernel tree rooted on tip 0, seen unrooted: three neighbours per internal node, the root merged away."""

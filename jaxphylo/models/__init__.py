@@ -1,6 +1,6 @@
 """Substitution models, rate variation and model strings."""
 
-from ._amino_acid import EMPIRICAL_MODELS, EmpiricalAminoAcid
+from ._amino_acid import EMPIRICAL_MODELS, EmpiricalAminoAcid, empirical_matrix
 from ._base import SubstitutionModel, transition_matrices
 from ._codon import GY94
 from ._frequencies import codon_frequencies, empirical_frequencies
@@ -8,8 +8,15 @@ from ._model import Model
 from ._nucleotide import F81, GTR, HKY85, JC69, K80, NAMED_DNA_MODELS, TN93, ConstrainedGTR, rate_classes
 from ._parse import estimated_parameters, model_string, parse_model
 from ._partitioned import LINKS, PartitionedModel, PartsEstimated, part_alignments, partitioned_model, split_alignment
+from ._parameters import (
+    MAX_LENGTH, MIN_LENGTH, ModelCoordinates, estimate_sets, lengths_from_unconstrained, lengths_to_unconstrained,
+    unconstrain,
+)
+from ._priors import MRBAYES_PRIORS, default_priors, initial_values, sample_model
 from ._simulate import simulate
-from ._rates import DiscreteGamma, FreeRates, InvariantSites, RateVariation, UniformRates
+from ._rates import (
+    DiscreteGamma, FreeRates, InvariantSites, RateVariation, UniformRates, discrete_gamma_rates, median_gamma_rates,
+)
 
 __all__ = [
     "Model", "SubstitutionModel", "transition_matrices", "parse_model", "model_string", "estimated_parameters",
@@ -18,5 +25,7 @@ __all__ = [
     "RateVariation", "UniformRates", "DiscreteGamma", "FreeRates", "InvariantSites",
     "empirical_frequencies", "codon_frequencies",
     "PartitionedModel", "PartsEstimated", "partitioned_model", "part_alignments", "split_alignment", "LINKS",
-    "simulate",
+    "simulate", "ModelCoordinates", "unconstrain", "estimate_sets", "lengths_from_unconstrained",
+    "lengths_to_unconstrained", "MAX_LENGTH", "MIN_LENGTH", "MRBAYES_PRIORS", "default_priors", "initial_values",
+    "sample_model", "empirical_matrix", "discrete_gamma_rates", "median_gamma_rates",
 ]

@@ -30,8 +30,11 @@ import numpyro.distributions as dist
 from numpyro import handlers
 from numpyro.distributions.transforms import ExpTransform, SigmoidTransform
 
-from ..models import (GTR, GY94, HKY85, TN93, ConstrainedGTR, DiscreteGamma, FreeRates, InvariantSites, Model,
-                      PartitionedModel)
+from ._codon import GY94
+from ._model import Model
+from ._nucleotide import GTR, HKY85, TN93, ConstrainedGTR
+from ._partitioned import PartitionedModel
+from ._rates import DiscreteGamma, FreeRates, InvariantSites
 
 
 def default_priors() -> dict:

@@ -28,9 +28,11 @@ from numpyro import handlers
 from numpyro.distributions import biject_to, constraints
 
 from .._errors import ModelError
-from ..inference._model_priors import initial_values, sample_model
-from ..models import (GTR, K80, JC69, NAMED_DNA_MODELS, ConstrainedGTR, FreeRates, InvariantSites, Model,
-                      PartitionedModel, PartsEstimated)
+from ._priors import initial_values, sample_model
+from ._model import Model
+from ._nucleotide import ConstrainedGTR, GTR, JC69, K80, NAMED_DNA_MODELS
+from ._partitioned import PartitionedModel, PartsEstimated
+from ._rates import FreeRates, InvariantSites
 
 MIN_LENGTH, MAX_LENGTH = 1e-6, 10.0
 SECOND_SHAPE_START = 0.5
