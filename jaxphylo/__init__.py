@@ -21,9 +21,10 @@ from .likelihood import (  # noqa: E402
 from .models import Model, PartitionedModel, parse_model, partitioned_model, simulate  # noqa: E402
 from . import coevolution, inference  # noqa: E402
 from .models import ModelCoordinates, unconstrain  # noqa: E402
-from ._sharding import (  # noqa: E402
-    device_mesh, replicate, shard_pattern_data, sharded_batch_log_likelihoods, sharded_log_likelihood,
+from .likelihood import (  # noqa: E402
+    shard_pattern_data, sharded_batch_log_likelihoods, sharded_log_likelihood,
 )
+from .runtime import device_mesh, replicate  # noqa: E402
 
 __version__ = "0.1.0"
 

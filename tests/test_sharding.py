@@ -20,7 +20,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo import cli
-from jaxphylo._sharding import MIN_PATTERNS_PER_DEVICE, default_mesh_shape
+from jaxphylo.runtime import MIN_PATTERNS_PER_DEVICE, default_mesh_shape
 
 HELPER = Path(__file__).with_name("_sharded_check.py")
 TOLERANCE = 1e-10

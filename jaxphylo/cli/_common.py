@@ -108,7 +108,7 @@ def parse_mesh_option(text: str, devices) -> "Mesh":
     `B x P` must be the number of devices; a bad item, a repeated axis or a
     product that does not match is a one-line `InputError`.
     """
-    from .._sharding import device_mesh
+    from ..runtime import device_mesh
 
     devices = list(devices)
     sizes: dict[str, int] = {}
@@ -142,7 +142,7 @@ def add_mesh_options(parser, default: str) -> None:
 def mesh_choice(args, trees: int, num_patterns: int, default: bool = True):
     """The mesh of `--devices`/`--mesh`; without them, with `default`, the default mesh over every device
     (`default_mesh_shape`); None where that is one device (nothing to spread)."""
-    from .._sharding import run_mesh
+    from ..runtime import run_mesh
 
     if not default and args.devices is None and args.mesh is None:
         return None
@@ -155,7 +155,7 @@ def mesh_choice(args, trees: int, num_patterns: int, default: bool = True):
 
 def mesh_lines(mesh, num_patterns: int | None = None, taxa: int | None = None, how: str = "") -> list[str]:
     """The mesh's shape and, for a data set, the pattern shard per device."""
-    from .._sharding import padded_pattern_count
+    from ..runtime import padded_pattern_count
 
     batch, patterns = mesh.shape["batch"], mesh.shape["patterns"]
     line = f"mesh: batch={batch} x patterns={patterns}" + (f" ({how})" if how else "")

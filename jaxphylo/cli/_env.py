@@ -83,7 +83,7 @@ def environment_lines(devices) -> list[str]:
 def run(args) -> None:
     """Print the environment, then the mesh: `--mesh` as given, else the default for the alignment (if any)."""
     import jaxphylo as jp
-    from .._sharding import default_mesh_shape, device_mesh
+    from ..runtime import default_mesh_shape, device_mesh
 
     devices = select_devices(args.devices)
     if args.trees < 1:

@@ -73,7 +73,7 @@ def run(args) -> None:
     from jaxphylo.likelihood import plan
     from jaxphylo.likelihood._finite import check_start
     from jaxphylo.inference._runner import chunk_program, progress_printer, run_nuts
-    from jaxphylo._sharding import place_data
+    from jaxphylo.likelihood import place_data
 
     if not args.example and not args.alignment:
         raise JaxphyloError("sample needs ALIGNMENT [TREE] (or --example)")

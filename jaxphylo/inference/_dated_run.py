@@ -27,7 +27,7 @@ from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint,
 from .._errors import InputError, ModelError
 from ..tree import Tree, phase_widths, start_heights, time_tree
 from ..tree import random_topology_tree
-from .._sharding import to_host
+from ..runtime import to_host
 from ..likelihood import PRECISIONS, max_step_width, pattern_data
 from ..ml._fit import resolve_model
 from ..models import ModelCoordinates

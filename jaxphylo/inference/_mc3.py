@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from numpyro.infer.util import potential_energy
 
 from .._errors import InputError
-from .._sharding import to_host
+from ..runtime import to_host
 from ..likelihood import batch_pattern_log_likelihoods
 from ..models import ModelCoordinates, sample_model
 from ._hmc_move import HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, hmc_proposal

@@ -25,7 +25,8 @@ from ..data import Alignment
 from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._errors import InputError
 from ..tree import phase_widths
-from .._sharding import place_batch, place_data, replicate, to_host
+from ..likelihood import place_data
+from ..runtime import place_batch, replicate, to_host
 from ..tree import random_topology_tree
 from ..likelihood import PRECISIONS, max_step_width
 from ..ml._fit import resolve_model

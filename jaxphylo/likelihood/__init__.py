@@ -51,4 +51,11 @@ from ._partitioned import (
     partitioned_log_likelihood as partitioned_log_likelihood,
     partitioned_log_likelihoods as partitioned_log_likelihoods,
 )
+from ._sharded import (
+    pad_batch as pad_batch,
+    place_data as place_data,
+    shard_pattern_data as shard_pattern_data,
+    sharded_batch_log_likelihoods as sharded_batch_log_likelihoods,
+    sharded_log_likelihood as sharded_log_likelihood,
+)
 from ._single import schedule_for as schedule_for, schedule_pattern_log_likelihoods as schedule_pattern_log_likelihoods

@@ -39,7 +39,8 @@ from ..data import Alignment, distances
 from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from .._errors import InputError
 from ..tree import Tree, TreeBatch, bionj, fixed_branches, mask_like, parsimony_tree, phase_widths, root_on_first_tip
-from .._sharding import place_batch, place_data
+from ..likelihood import place_data
+from ..runtime import place_batch
 from ..tree import random_topology_tree
 from ..likelihood import pattern_data
 from ..likelihood._finite import require_finite
@@ -470,7 +471,7 @@ def search(
     round; when it fires the search saves and raises `Interrupted`.
 
     `mesh` (`jp.device_mesh`) spreads the batch of trees over its `batch`
-    axis and the patterns over `patterns` (`jaxphylo._sharding.place_batch`);
+    axis and the patterns over `patterns` (`jaxphylo.runtime.place_batch`);
     the search is the same, up to the order of sums.
     """
     settings = settings or SearchSettings()

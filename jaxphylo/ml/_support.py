@@ -32,7 +32,8 @@ from ..data import Alignment, distances
 from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
 from ..tree import Topology, Tree, TreeBatch, bionj, fixed_branches, kernel_splits, phase_widths, splits
 from ..likelihood import PRECISIONS, max_step_width
-from .._sharding import place_batch, place_data
+from ..likelihood import place_data
+from ..runtime import place_batch
 from ..models import PartitionedModel, part_alignments
 from ._fit import MLResult
 from ._nni import nni_scores

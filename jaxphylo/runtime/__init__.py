@@ -1,4 +1,5 @@
-"""What every run stands on: checkpoints and stop requests, memory probes, several processes, product precision."""
+"""What every run stands on: checkpoints and stop requests, device meshes and placement, memory probes,
+several processes, product precision."""
 
 from ._checkpoint import (
     EXIT_INTERRUPTED as EXIT_INTERRUPTED,
@@ -16,6 +17,18 @@ from ._checkpoint import (
     write_npz as write_npz,
 )
 from ._distributed import join_processes as join_processes, mirror_outputs as mirror_outputs
+from ._mesh import (
+    AXES as AXES,
+    MIN_PATTERNS_PER_DEVICE as MIN_PATTERNS_PER_DEVICE,
+    default_mesh_shape as default_mesh_shape,
+    device_mesh as device_mesh,
+    padded_pattern_count as padded_pattern_count,
+    place as place,
+    place_batch as place_batch,
+    replicate as replicate,
+    run_mesh as run_mesh,
+    to_host as to_host,
+)
 from ._memory import (
     ResourceError as ResourceError,
     device_free_memory as device_free_memory,

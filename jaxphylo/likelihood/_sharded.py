@@ -43,8 +43,6 @@ exactly 0 to log L and to every cotangent.
 
 from __future__ import annotations
 
-import math
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -52,105 +50,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Float, Int
 
-from ._errors import InputError
-from .tree import Tree, TreeBatch
-from .likelihood import PRECISIONS, PatternData, batch_data_log_likelihoods, data_log_likelihood
-from .models import Model
-
-AXES = ("batch", "patterns")
-MIN_PATTERNS_PER_DEVICE = 1024  # below this a device's pass is dispatch-bound (DESIGN.md probe: ~flat under 1k)
-
-
-def default_mesh_shape(num_devices: int, trees: int = 1, num_patterns: int | None = None) -> tuple[int, int]:
-    """`(batch, patterns)` sizes for `num_devices` devices, `trees` trees per call and `num_patterns` patterns.
-
-    The rule:
-    - one tree: every device on `patterns` (the batch axis would only repeat the work);
-    - several trees: `batch` gets the largest divisor of the device count that
-      also divides the number of trees (splitting trees needs no communication
-      and, unlike splitting columns, keeps each device's pass as wide as it was),
-      and `patterns` the rest;
-    - but if the pattern shards would then hold fewer than `MIN_PATTERNS_PER_DEVICE`
-      patterns (few patterns: a device would idle on dispatch), `batch` takes the
-      largest divisor of the device count not above the number of trees, and the
-      batch is padded with copies of its last tree.
-    """
-    if num_devices < 1:
-        raise InputError(f"a mesh needs at least one device, not {num_devices}")
-    divisors = [d for d in range(1, num_devices + 1) if num_devices % d == 0]
-    if trees <= 1:
-        return 1, num_devices
-    batch = max(d for d in divisors if trees % d == 0)
-    if num_patterns is not None and num_patterns < MIN_PATTERNS_PER_DEVICE * (num_devices // batch):
-        batch = max(d for d in divisors if d <= trees)
-    return batch, num_devices // batch
-
-
-def device_mesh(devices=None, batch: int | None = None, patterns: int | None = None, *, trees: int = 1,
-                num_patterns: int | None = None) -> Mesh:
-    """A `Mesh` with axes `("batch", "patterns")` over `devices` (default: every device of every process).
-
-    Give `batch`, `patterns`, both (their product must be the device count) or
-    neither (then `default_mesh_shape(len(devices), trees, num_patterns)` picks).
-    Devices are laid out row by row in `jax.devices()` order, which lists each
-    process's devices together: a `patterns` row (whose devices all-reduce at
-    every likelihood) stays within a host where it can, and `batch` (no
-    communication) spans hosts.
-    """
-    devices = list(jax.devices() if devices is None else devices)
-    n = len(devices)
-    for name, size in (("batch", batch), ("patterns", patterns)):
-        if size is not None and (size < 1 or n % size):
-            raise InputError(f"mesh axis {name}={size} does not divide the {n} devices")
-    if batch is None and patterns is None:
-        batch, patterns = default_mesh_shape(n, trees, num_patterns)
-    elif batch is None:
-        batch = n // patterns
-    elif patterns is None:
-        patterns = n // batch
-    if batch * patterns != n:
-        raise InputError(f"mesh batch={batch} x patterns={patterns} is {batch * patterns} devices, not the {n} given")
-    return Mesh(np.array(devices, dtype=object).reshape(batch, patterns), AXES)
-
-
-def _place(value, sharding: NamedSharding) -> jax.Array:
-    """A host array as a global array with `sharding`; each process supplies only its own devices' pieces.
-
-    `make_array_from_callback` works the same under `jax.distributed` (where
-    `device_put` of a host array to devices of other processes would not).
-    """
-    host = np.asarray(value)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-
-def replicate(pytree, mesh: Mesh):
-    """Every concrete array leaf of `pytree` (a model, a tree) copied to every device of `mesh`.
-
-    Tracers (inside a caller's `jit` or `grad`) are left alone: `jit` places them.
-    Needed only under `jax.distributed`, where an array on one local device
-    cannot enter a computation over other processes' devices.
-    """
-    sharding = NamedSharding(mesh, PartitionSpec())
-    return jax.tree_util.tree_map(lambda leaf: _put(leaf, sharding), pytree)
-
-
-def _put(leaf, sharding: NamedSharding):
-    """One leaf with `sharding`: tracers and non-arrays as they are, an array already so placed unchanged,
-    a global array (spanning other processes) re-laid out on the devices, anything else placed from the host."""
-    if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, (np.ndarray, jax.Array)):
-        return leaf
-    if isinstance(leaf, jax.Array):
-        if leaf.sharding == sharding:
-            return leaf
-        if not leaf.is_fully_addressable:
-            return jax.device_put(leaf, sharding)
-    return _place(leaf, sharding)
-
-
-def padded_pattern_count(num_patterns: int, mesh: Mesh) -> int:
-    """The pattern count rounded up to a multiple of the mesh's `patterns` size."""
-    shards = mesh.shape["patterns"]
-    return shards * math.ceil(num_patterns / shards)
+from .._errors import InputError
+from ..models import Model
+from ..runtime import padded_pattern_count, place, replicate
+from ..tree import Tree, TreeBatch
+from ._api import batch_data_log_likelihoods, data_log_likelihood
+from ._arrays import PRECISIONS, PatternData
 
 
 def shard_pattern_data(data: PatternData, mesh: Mesh) -> PatternData:
@@ -176,9 +81,9 @@ def shard_pattern_data(data: PatternData, mesh: Mesh) -> PatternData:
         codes = np.concatenate([codes, np.full((codes.shape[0], pad), missing, codes.dtype)], axis=1)
         weights = np.concatenate([weights, np.zeros(pad, weights.dtype)])
     return PatternData(
-        _place(codes, NamedSharding(mesh, PartitionSpec(None, "patterns"))),
-        _place(table, NamedSharding(mesh, PartitionSpec())),
-        _place(weights, NamedSharding(mesh, PartitionSpec("patterns"))),
+        place(codes, NamedSharding(mesh, PartitionSpec(None, "patterns"))),
+        place(table, NamedSharding(mesh, PartitionSpec())),
+        place(weights, NamedSharding(mesh, PartitionSpec("patterns"))),
     )
 
 
@@ -279,35 +184,11 @@ def sharded_batch_log_likelihoods(data: PatternData, trees: TreeBatch, model: Mo
     sharding = NamedSharding(mesh, PartitionSpec("batch"))
     parents, lengths = padded.parents, padded.branch_lengths
     if not isinstance(parents, jax.core.Tracer):
-        parents = _place(parents, sharding)
+        parents = place(parents, sharding)
     if not isinstance(lengths, jax.core.Tracer):
-        lengths = _place(lengths, sharding)
+        lengths = place(lengths, sharding)
     values = _sharded_batch(replicate(model, mesh), parents, lengths, data, trees.taxa, mesh, precision)
     return values[:count]
-
-
-# ---------------------------------------------------------------- searches and chains on a mesh
-#
-# ML search, bootstrap and MC³ run many trees per call: their arrays lead with the batch of trees (or chains).
-# On a mesh they are placed with that axis over `batch` and the pattern data over `patterns`; every jitted step
-# then compiles for those placements (XLA's SPMD partitioner: the same program, each device its block of trees
-# and columns, collectives only where a sum crosses a split axis), so the results are the unsharded ones up to
-# the order of sums. On a GPU every op of the passes partitions; on a CPU the C++ kernel's custom call does not
-# (XLA gathers its inputs and runs it whole on every device: correct, not faster).
-
-
-def place_batch(x, mesh: Mesh | None):
-    """A batch-leading array (or pytree of them) split over `batch` where its leading length divides evenly,
-    else copied to every device; unchanged without a mesh."""
-    if mesh is None:
-        return x
-    rows = mesh.shape["batch"]
-
-    def place(leaf):
-        split = np.ndim(leaf) and np.shape(leaf)[0] % rows == 0
-        return _put(leaf, NamedSharding(mesh, PartitionSpec("batch") if split else PartitionSpec()))
-
-    return jax.tree_util.tree_map(place, x)
 
 
 def place_data(data, mesh: Mesh | None):
@@ -322,23 +203,3 @@ def place_data(data, mesh: Mesh | None):
         raise InputError(f"a partitioned model's patterns are not split over devices: use a mesh with patterns=1 "
                          f"(--mesh batch={mesh.devices.size}), not patterns={mesh.shape['patterns']}")
     return replicate(data, mesh)
-
-
-def run_mesh(devices=None, mesh_shape: tuple[int | None, int | None] = (None, None), *, trees: int = 1,
-             num_patterns: int | None = None) -> Mesh | None:
-    """The mesh a run uses: over `devices` (default every device), `(batch, patterns)` as given or the
-    default for `trees` trees and `num_patterns` patterns; None for a single device (nothing to place)."""
-    devices = list(jax.devices() if devices is None else devices)
-    if len(devices) == 1:
-        return None
-    return device_mesh(devices, *mesh_shape, trees=trees, num_patterns=num_patterns)
-
-
-def to_host(x) -> np.ndarray:
-    """An array's whole value on the host, in every process: a global array split over other processes'
-    devices is gathered from them (`multihost_utils.process_allgather`); anything else is read as it is."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)

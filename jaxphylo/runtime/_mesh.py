@@ -1,0 +1,145 @@
+"""Device meshes and placing arrays on them: the two named axes `("batch", "patterns")` every multi-device
+run uses, the default shape for a problem, and copies or splits of host arrays that also work across the
+processes of `jax.distributed` (`replicate`, `place_batch`, `to_host`)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from .._errors import InputError
+
+
+AXES = ("batch", "patterns")
+
+
+MIN_PATTERNS_PER_DEVICE = 1024  # below this a device's pass is dispatch-bound (DESIGN.md probe: ~flat under 1k)
+
+
+def default_mesh_shape(num_devices: int, trees: int = 1, num_patterns: int | None = None) -> tuple[int, int]:
+    """`(batch, patterns)` sizes for `num_devices` devices, `trees` trees per call and `num_patterns` patterns.
+
+    The rule:
+    - one tree: every device on `patterns` (the batch axis would only repeat the work);
+    - several trees: `batch` gets the largest divisor of the device count that
+      also divides the number of trees (splitting trees needs no communication
+      and, unlike splitting columns, keeps each device's pass as wide as it was),
+      and `patterns` the rest;
+    - but if the pattern shards would then hold fewer than `MIN_PATTERNS_PER_DEVICE`
+      patterns (few patterns: a device would idle on dispatch), `batch` takes the
+      largest divisor of the device count not above the number of trees, and the
+      batch is padded with copies of its last tree.
+    """
+    if num_devices < 1:
+        raise InputError(f"a mesh needs at least one device, not {num_devices}")
+    divisors = [d for d in range(1, num_devices + 1) if num_devices % d == 0]
+    if trees <= 1:
+        return 1, num_devices
+    batch = max(d for d in divisors if trees % d == 0)
+    if num_patterns is not None and num_patterns < MIN_PATTERNS_PER_DEVICE * (num_devices // batch):
+        batch = max(d for d in divisors if d <= trees)
+    return batch, num_devices // batch
+
+
+def device_mesh(devices=None, batch: int | None = None, patterns: int | None = None, *, trees: int = 1,
+                num_patterns: int | None = None) -> Mesh:
+    """A `Mesh` with axes `("batch", "patterns")` over `devices` (default: every device of every process).
+
+    Give `batch`, `patterns`, both (their product must be the device count) or
+    neither (then `default_mesh_shape(len(devices), trees, num_patterns)` picks).
+    Devices are laid out row by row in `jax.devices()` order, which lists each
+    process's devices together: a `patterns` row (whose devices all-reduce at
+    every likelihood) stays within a host where it can, and `batch` (no
+    communication) spans hosts.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    for name, size in (("batch", batch), ("patterns", patterns)):
+        if size is not None and (size < 1 or n % size):
+            raise InputError(f"mesh axis {name}={size} does not divide the {n} devices")
+    if batch is None and patterns is None:
+        batch, patterns = default_mesh_shape(n, trees, num_patterns)
+    elif batch is None:
+        batch = n // patterns
+    elif patterns is None:
+        patterns = n // batch
+    if batch * patterns != n:
+        raise InputError(f"mesh batch={batch} x patterns={patterns} is {batch * patterns} devices, not the {n} given")
+    return Mesh(np.array(devices, dtype=object).reshape(batch, patterns), AXES)
+
+
+def place(value, sharding: NamedSharding) -> jax.Array:
+    """A host array as a global array with `sharding`; each process supplies only its own devices' pieces.
+
+    `make_array_from_callback` works the same under `jax.distributed` (where
+    `device_put` of a host array to devices of other processes would not).
+    """
+    host = np.asarray(value)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def replicate(pytree, mesh: Mesh):
+    """Every concrete array leaf of `pytree` (a model, a tree) copied to every device of `mesh`.
+
+    Tracers (inside a caller's `jit` or `grad`) are left alone: `jit` places them.
+    Needed only under `jax.distributed`, where an array on one local device
+    cannot enter a computation over other processes' devices.
+    """
+    sharding = NamedSharding(mesh, PartitionSpec())
+    return jax.tree_util.tree_map(lambda leaf: _put(leaf, sharding), pytree)
+
+
+def _put(leaf, sharding: NamedSharding):
+    """One leaf with `sharding`: tracers and non-arrays as they are, an array already so placed unchanged,
+    a global array (spanning other processes) re-laid out on the devices, anything else placed from the host."""
+    if isinstance(leaf, jax.core.Tracer) or not isinstance(leaf, (np.ndarray, jax.Array)):
+        return leaf
+    if isinstance(leaf, jax.Array):
+        if leaf.sharding == sharding:
+            return leaf
+        if not leaf.is_fully_addressable:
+            return jax.device_put(leaf, sharding)
+    return place(leaf, sharding)
+
+
+def padded_pattern_count(num_patterns: int, mesh: Mesh) -> int:
+    """The pattern count rounded up to a multiple of the mesh's `patterns` size."""
+    shards = mesh.shape["patterns"]
+    return shards * math.ceil(num_patterns / shards)
+
+
+def place_batch(x, mesh: Mesh | None):
+    """A batch-leading array (or pytree of them) split over `batch` where its leading length divides evenly,
+    else copied to every device; unchanged without a mesh."""
+    if mesh is None:
+        return x
+    rows = mesh.shape["batch"]
+
+    def place(leaf):
+        split = np.ndim(leaf) and np.shape(leaf)[0] % rows == 0
+        return _put(leaf, NamedSharding(mesh, PartitionSpec("batch") if split else PartitionSpec()))
+
+    return jax.tree_util.tree_map(place, x)
+
+
+def run_mesh(devices=None, mesh_shape: tuple[int | None, int | None] = (None, None), *, trees: int = 1,
+             num_patterns: int | None = None) -> Mesh | None:
+    """The mesh a run uses: over `devices` (default every device), `(batch, patterns)` as given or the
+    default for `trees` trees and `num_patterns` patterns; None for a single device (nothing to place)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) == 1:
+        return None
+    return device_mesh(devices, *mesh_shape, trees=trees, num_patterns=num_patterns)
+
+
+def to_host(x) -> np.ndarray:
+    """An array's whole value on the host, in every process: a global array split over other processes'
+    devices is gathered from them (`multihost_utils.process_allgather`); anything else is read as it is."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
