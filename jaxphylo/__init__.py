@@ -16,14 +16,19 @@ from .tree import (  # noqa: E402
 )
 from .io import PartitionScheme, parse_newick, read_alignment, read_partitions, read_tree, write_tree  # noqa: E402
 from .likelihood import (  # noqa: E402
-    ancestral_marginals, branch_length_derivatives, log_likelihood, partitioned_log_likelihoods, pattern_log_likelihoods,
+    ancestral_marginals,
+    branch_length_derivatives,
+    log_likelihood,
+    partitioned_log_likelihoods,
+    pattern_log_likelihoods,
+    shard_pattern_data,
+    sharded_batch_log_likelihoods,
+    sharded_log_likelihood,
 )
-from .models import Model, PartitionedModel, parse_model, partitioned_model, simulate  # noqa: E402
+from .models import (  # noqa: E402
+    Model, ModelCoordinates, PartitionedModel, parse_model, partitioned_model, simulate, unconstrain,
+)
 from . import coevolution, inference  # noqa: E402
-from .models import ModelCoordinates, unconstrain  # noqa: E402
-from .likelihood import (  # noqa: E402
-    shard_pattern_data, sharded_batch_log_likelihoods, sharded_log_likelihood,
-)
 from .runtime import device_mesh, replicate  # noqa: E402
 
 __version__ = "0.1.0"

@@ -29,7 +29,7 @@ from jaxphylo.tree import phase_widths
 from jaxphylo.likelihood import batch_data_log_likelihoods, pattern_data
 from jaxphylo.ml._nni import apply_nnis, nni_scores
 from jaxphylo.ml._spr import regraft_edges
-from jaxphylo.ml._search import kernel_batch
+from jaxphylo.tree import kernel_batch
 from conftest import StopAfter, check_spr_scores, dataset, require, sigterm_at_random_moment, write_fasta
 
 

@@ -24,7 +24,7 @@ from jaxphylo.io import read_partitions
 from jaxphylo.likelihood import batch_pattern_log_likelihoods
 from jaxphylo.ml._newton import node_branch_derivatives
 from jaxphylo.ml._nni import apply_nnis, nni_scores
-from jaxphylo.ml._search import kernel_batch
+from jaxphylo.tree import kernel_batch
 from jaxphylo.likelihood import partitioned_data
 
 

@@ -37,9 +37,18 @@ from ..tree import TimeTree, Tree, branch_durations, start_heights, time_tree, w
 from ..io import TipDates, read_partitions, to_dendropy
 from ..io._tree_files import _from_dendropy
 from ..likelihood import partitioned_data, pattern_data
-from ..models import LINKS, PartitionedModel, PartsEstimated, estimated_parameters, parse_model, partitioned_model
+from ..models import (
+    LINKS,
+    MRBAYES_PRIORS,
+    PartitionedModel,
+    PartsEstimated,
+    estimated_parameters,
+    initial_values,
+    parse_model,
+    partitioned_model,
+    sample_model,
+)
 from ._distribution import PhyloCTMC
-from ..models import MRBAYES_PRIORS, initial_values, sample_model
 from ._tree_priors import BirthDeath, ConstantCoalescent, GammaDirichlet, Skygrid, Yule
 
 CLOCKS = (None, "strict", "relaxed")

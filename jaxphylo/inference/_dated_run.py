@@ -23,20 +23,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment
-from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
+from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point, to_host
 from .._errors import InputError, ModelError
-from ..tree import Tree, phase_widths, start_heights, time_tree
-from ..tree import random_topology_tree
-from ..runtime import to_host
+from ..tree import Tree, phase_widths, random_topology_tree, start_heights, time_tree
 from ..likelihood import PRECISIONS, max_step_width, pattern_data
-from ..ml._fit import resolve_model
-from ..models import ModelCoordinates
-from ..ml._search import model_record
+from ..models import ModelCoordinates, model_record, resolve_model
 from ._analysis import _rate_guess
-from ._dated_mcmc import DATED_MOVES, SPECIATION_PRIORS, DatedPosterior, DatedSettings, initial_state, run_block
+from ._dated_mcmc import DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, initial_state, run_block
 from ._dated_start import start_time_tree
 from ._mc3 import state_from_numpy, state_to_numpy
-from ._mc3_run import _check_run_folder, _OutputFiles as _RunFiles, _parameter_names, describe_priors
+from ._mc3_run import _OutputFiles as _RunFiles, _check_run_folder, _parameter_names, describe_priors
 from ._mc3_summary import nexus_header
 from ._time_tree_summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
 

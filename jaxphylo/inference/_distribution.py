@@ -14,10 +14,16 @@ from numpyro.distributions import Distribution, constraints
 from ..data import Alignment
 from .._errors import InputError, ModelError
 from ..tree import Tree
-from ..likelihood import PatternData, data_log_likelihood, pattern_data
+from ..likelihood import (
+    PartitionedData,
+    PatternData,
+    data_log_likelihood,
+    grouped_data,
+    partitioned_data,
+    partitioned_data_log_likelihoods,
+    pattern_data,
+)
 from ..models import Model, PartitionedModel
-from ..likelihood import partitioned_data, partitioned_data_log_likelihoods
-from ..likelihood import PartitionedData, grouped_data
 
 
 class PhyloCTMC(Distribution):

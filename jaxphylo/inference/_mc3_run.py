@@ -22,20 +22,15 @@ import numpy as np
 import numpyro.distributions as dist
 
 from ..data import Alignment
-from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
+from ..runtime import (
+    NEVER, alignment_digest, load_checkpoint, place_batch, replicate, save_checkpoint, stop_point, to_host,
+)
 from .._errors import InputError
-from ..tree import phase_widths
-from ..likelihood import place_data
-from ..runtime import place_batch, replicate, to_host
-from ..tree import random_topology_tree
-from ..likelihood import PRECISIONS, max_step_width
-from ..ml._fit import resolve_model
-from ..models import ModelCoordinates
-from ..ml._search import kernel_batch, model_record, search_data, search_lengths, search_template
-from ..models import PartitionedModel
-from ._mc3 import MOVES, MC3Settings, Posterior, initial_state, run_block, state_from_numpy, state_to_numpy
-from ._mc3_summary import (RunSamples, asdsf, consensus_newick, convergence, nexus_header, split_frequencies,
-                           tree_newick)
+from ..tree import kernel_batch, phase_widths, random_topology_tree
+from ..likelihood import PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template
+from ..models import ModelCoordinates, PartitionedModel, model_record, resolve_model
+from ._mc3 import MC3Settings, MOVES, Posterior, initial_state, run_block, state_from_numpy, state_to_numpy
+from ._mc3_summary import RunSamples, asdsf, consensus_newick, convergence, nexus_header, split_frequencies, tree_newick
 
 
 @dataclass

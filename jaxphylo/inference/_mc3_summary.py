@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpyro.diagnostics import effective_sample_size, gelman_rubin
 
-from ..tree import TreeBatch
-from ..tree import kernel_splits
+from ..tree import TreeBatch, kernel_splits
 from ._outputs import _newick
 
 

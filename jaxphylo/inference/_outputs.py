@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from numpyro.diagnostics import hpdi
-from numpyro.diagnostics import summary as numpyro_summary
+from numpyro.diagnostics import hpdi, summary as numpyro_summary
 
 from ..tree import TimeTree, Topology
 from ._runner import Draws

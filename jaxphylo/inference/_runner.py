@@ -33,10 +33,18 @@ from numpyro.distributions import Unit
 from numpyro.infer import NUTS, init_to_value
 
 from ..runtime import (
-    CheckpointError, Interrupted, NEVER, atomic_write, compare_settings, load_checkpoint, save_checkpoint, write_npz,
+    CheckpointError,
+    Interrupted,
+    NEVER,
+    atomic_write,
+    compare_settings,
+    load_checkpoint,
+    peak_memory_text,
+    reset_peak_resident,
+    save_checkpoint,
+    write_npz,
 )
 from .._errors import InputError
-from ..runtime import peak_memory_text, reset_peak_resident
 
 EXTRA_FIELDS = ("diverging", "num_steps", "accept_prob")
 CHUNK_MAX = 64  # iterations per device call at most (the draw buffer's length)

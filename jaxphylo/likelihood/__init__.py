@@ -33,6 +33,12 @@ from ._arrays import (
     model_arrays as model_arrays,
     pattern_data as pattern_data,
 )
+from ._batch import (
+    kernel_tree_lengths as kernel_tree_lengths,
+    search_data as search_data,
+    search_lengths as search_lengths,
+    search_template as search_template,
+)
 from ._cost import Cost as Cost, plan as plan
 from ._derivatives import (
     branch_length_derivatives as branch_length_derivatives,

@@ -23,12 +23,18 @@ import numpy as np
 from ..data import Alignment
 from .._errors import ModelError
 from ..tree import Tree
-from ..likelihood import data_log_likelihood, pattern_data
-from ..likelihood import PRECISIONS, check_inputs, check_lengths
-from ..models import Model, PartitionedModel, PartsEstimated, estimated_parameters, model_string, parse_model
-from ..likelihood import partitioned_data
+from ..likelihood import PRECISIONS, check_inputs, check_lengths, data_log_likelihood, partitioned_data, pattern_data
+from ..models import (
+    Model,
+    ModelCoordinates,
+    PartitionedModel,
+    estimate_sets,
+    lengths_from_unconstrained,
+    lengths_to_unconstrained,
+    model_string,
+    resolve_model,
+)
 from ._optimise import OPTIMIZERS, minimise
-from ..models import ModelCoordinates, estimate_sets, lengths_from_unconstrained, lengths_to_unconstrained
 
 
 @dataclass
@@ -50,35 +56,6 @@ class MLResult:
         if isinstance(self.model, PartitionedModel):
             return ", ".join(f"{model_string(m)}:{name}" for name, m in zip(self.model.names, self.model.models))
         return model_string(self.model)
-
-
-def ml_estimated(string: str) -> frozenset[str]:
-    """What ML estimates of a model string (IQ-TREE's convention: no frequency term means `+F`, fixed)."""
-    free = estimated_parameters(string)
-    if not any(t.strip().upper().startswith("FO") for t in string.split("+")[1:]):
-        free = free - {"frequencies"}
-    return free
-
-
-def resolve_model(model: str | Model | PartitionedModel, alignment: Alignment, estimate=None):
-    """`(model, estimated parameter names)` under ML conventions (`ml_estimated`).
-
-    A `Model` has only `estimate` free; a `PartitionedModel` built from model
-    strings (`jp.partitioned_model`) has each part's `ml_estimated` free, and
-    one set per part (`estimate_sets`).
-    """
-    if isinstance(model, PartitionedModel):
-        if estimate is not None:
-            return model, estimate_sets(model, estimate)
-        if model.model_strings:
-            return model, PartsEstimated(tuple(ml_estimated(string) for string in model.model_strings), True)
-        return model, PartsEstimated((frozenset(),) * model.num_parts, True)
-    if isinstance(model, Model):
-        return model, frozenset(estimate or ())
-    if not isinstance(model, str):
-        raise ModelError(f"model must be a model string or a Model, not {type(model).__name__}")
-    parsed = parse_model(model, alignment=alignment)
-    return parsed, ml_estimated(model) if estimate is None else frozenset(estimate)
 
 
 def _objective(params, coordinates: ModelCoordinates, tree: Tree, data, precision):

@@ -57,15 +57,30 @@ import scipy.special
 from ..data import Alignment, DNA, PROTEIN, distances
 from .._errors import InputError, ModelError
 from ..tree import Tree, bionj
-from ..likelihood import data_log_likelihood, pattern_data
+from ..likelihood import PRECISIONS, check_inputs, data_log_likelihood, pattern_data
 from ..io._partitions import PartitionScheme
-from ..likelihood import PRECISIONS, check_inputs
 from ..models import (
-    EMPIRICAL_MODELS, GTR, HKY85, NAMED_DNA_MODELS, TN93, ConstrainedGTR, DiscreteGamma, FreeRates, InvariantSites,
-    Model, RateVariation, SubstitutionModel, UniformRates, empirical_frequencies, parse_model, rate_classes,
+    ConstrainedGTR,
+    DiscreteGamma,
+    EMPIRICAL_MODELS,
+    FreeRates,
+    GTR,
+    HKY85,
+    InvariantSites,
+    Model,
+    NAMED_DNA_MODELS,
+    RateVariation,
+    SubstitutionModel,
+    TN93,
+    UniformRates,
+    discrete_gamma_rates,
+    empirical_frequencies,
+    empirical_matrix,
+    lengths_to_unconstrained,
+    parse_model,
+    rate_classes,
+    split_alignment,
 )
-from ..models import discrete_gamma_rates, empirical_matrix, lengths_to_unconstrained
-from ..models import split_alignment
 from ._fit import MLResult, _tree_lengths
 from ._optimise import minimise
 

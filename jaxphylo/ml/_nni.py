@@ -31,10 +31,18 @@ from jaxtyping import Array, Bool, Float, Int
 from ..runtime import product_precision
 from ..tree import device_schedule, kernel_children, mask_like
 from ..likelihood import batch_layout_lengths, group_kernel_arrays, kernel_arrays, part_layout_lengths
-from ..likelihood.kernels import (apply_transition, pre_order_partials, child_partials, gather_rows, level_loop, log_likelihoods_from,
-                                   post_order_partials, step_children, write_rows)
-from ..models import PartitionedModel
-from ..models import MAX_LENGTH, MIN_LENGTH
+from ..likelihood.kernels import (
+    apply_transition,
+    child_partials,
+    gather_rows,
+    level_loop,
+    log_likelihoods_from,
+    post_order_partials,
+    pre_order_partials,
+    step_children,
+    write_rows,
+)
+from ..models import MAX_LENGTH, MIN_LENGTH, PartitionedModel
 
 NEWTON_STEPS = 10
 CHUNK_BYTES = 1 << 28  # per chunk of edges scored together

@@ -36,24 +36,33 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment, distances
-from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
+from ..runtime import NEVER, alignment_digest, load_checkpoint, place_batch, save_checkpoint, stop_point
 from .._errors import InputError
-from ..tree import Tree, TreeBatch, bionj, fixed_branches, mask_like, parsimony_tree, phase_widths, root_on_first_tip
-from ..likelihood import place_data
-from ..runtime import place_batch
-from ..tree import random_topology_tree
-from ..likelihood import pattern_data
-from ..likelihood._finite import require_finite
-from ..likelihood import PRECISIONS, batch_pattern_log_likelihoods, max_step_width, node_bytes
-from ..models import Model, PartitionedModel
-from ..likelihood import partitioned_data
-from ._fit import MLResult, reported_parameters, resolve_model
+from ..tree import (
+    Tree,
+    TreeBatch,
+    bionj,
+    fixed_branches,
+    kernel_splits,
+    mask_like,
+    parsimony_tree,
+    phase_widths,
+    kernel_batch,
+    random_topology_tree,
+)
+from ..likelihood import (
+    PRECISIONS, batch_pattern_log_likelihoods, max_step_width, node_bytes, place_data, require_finite, search_data,
+    search_lengths, search_template,
+)
+from ..models import (
+    Model, ModelCoordinates, PartitionedModel, lengths_from_unconstrained, lengths_to_unconstrained, model_record,
+    resolve_model,
+)
+from ._fit import MLResult, reported_parameters
 from ._newton import newton_lengths
 from ._nni import apply_nnis, independent_moves, nni_scores
 from ._optimise import minimise
-from ..models import ModelCoordinates, lengths_from_unconstrained, lengths_to_unconstrained
 from ._spr import regrafted_tree, spr_scores
-from ..tree import kernel_splits
 
 SEARCH_TOLERANCE = 0.01  # log-likelihood units over five L-BFGS iterations while searching; 1e-3 for model fits
 LENGTHS_BYTES = 16 << 30  # partials that one call of a length optimiser may hold (trees beyond it: more calls)
@@ -389,37 +398,6 @@ def _check_start(alignment: Alignment, tree: Tree) -> None:
         raise InputError(f"start tree: taxon {only[0]!r} of {alignment.source} is missing")
 
 
-def search_data(alignment: Alignment, trees: TreeBatch, model):
-    """Pattern data laid out for the batch's tips; a partitioned model's parts side by side."""
-    if not isinstance(model, PartitionedModel):
-        return pattern_data(alignment, trees)
-    return partitioned_data(alignment, trees, model)
-
-
-def _unlinked(model) -> bool:
-    return isinstance(model, PartitionedModel) and model.link == "unlinked"
-
-
-def search_template(model):
-    """The model a search carries: unlinked lengths travel beside the trees (`[B, M, K]`), not in the model."""
-    return model.without_branch_lengths() if _unlinked(model) else model
-
-
-def search_lengths(lengths: jax.Array, model) -> jax.Array:
-    """Kernel-tree lengths `[B, M]` as a search climbs them: for unlinked lengths every part starts from them."""
-    return jnp.repeat(lengths[..., None], model.num_parts, -1) if _unlinked(model) else lengths
-
-
-def kernel_tree_lengths(tree: Tree, model) -> tuple[TreeBatch, jax.Array]:
-    """A fitted tree as a search batch of one, and its lengths as a search holds them: with a model that
-    carries unlinked lengths (`[K, nodes]`, as `ml.fit` and `ml.search` return it) every part's, `[1, M, K]`."""
-    batch = kernel_batch([tree])
-    if not _unlinked(model) or model.branch_lengths is None:
-        return batch, search_lengths(batch.branch_lengths, model)
-    own = [kernel_batch([tree.with_branch_lengths(x)]).branch_lengths for x in model.branch_lengths]
-    return batch, jnp.stack(own, -1)
-
-
 def searched_result(parents, lengths, taxa, model) -> tuple[Tree, object]:
     """A kernel tree back as a `Tree` and its model: unlinked lengths go into the model (`[K, nodes]`, the
     tree's node order) and the tree takes their site-weighted mean, as `ml.fit` reports them."""
@@ -429,15 +407,6 @@ def searched_result(parents, lengths, taxa, model) -> tuple[Tree, object]:
     own = jnp.stack([tree_of(lengths[:, k]).branch_lengths for k in range(lengths.shape[1])])
     return tree_of(lengths[:, 0]).with_branch_lengths(np.average(own, axis=0, weights=model.site_counts)), \
         model.with_branch_lengths(own)
-
-
-def kernel_batch(trees: list[Tree]) -> TreeBatch:
-    """Trees as a search batch, each rooted on tip 0."""
-    batch = TreeBatch.from_trees(trees)
-    rooted = [root_on_first_tip(p, l) for p, l in zip(np.asarray(batch.parents), np.asarray(batch.branch_lengths))]
-    parents = np.stack([p for p, _ in rooted])
-    lengths = np.stack([l for _, l in rooted])
-    return TreeBatch(jnp.asarray(parents), jnp.asarray(lengths), batch.taxa)
 
 
 def search(
@@ -628,15 +597,6 @@ def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch, l
     tree = TreeBatch(batch.parents[k:k + 1], batch.branch_lengths[k:k + 1], batch.taxa).to_trees(rooted=False)[0]
     require_finite(values[k], model=problem.model, tree=tree, per_pattern=per_pattern,
                    where=f"log-likelihood of start tree {k + 1}")
-
-
-def model_record(model) -> str:
-    """A model as a run's checkpoint records it: a string or `Model` by its text (which holds its values), a
-    partitioned model by what it was built from and its values."""
-    if isinstance(model, PartitionedModel):
-        model = repr((model.model_strings, model.link, model.scheme.names, model.site_counts,
-                      [np.asarray(x).tolist() for x in jax.tree.leaves(model)]))
-    return str(model)
 
 
 def _search_record(alignment, model, start, starts, seed, settings, precision) -> dict:

@@ -29,13 +29,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment, distances
-from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point
-from ..tree import Topology, Tree, TreeBatch, bionj, fixed_branches, kernel_splits, phase_widths, splits
-from ..likelihood import PRECISIONS, max_step_width
-from ..likelihood import place_data
-from ..runtime import place_batch
+from ..runtime import NEVER, alignment_digest, load_checkpoint, place_batch, save_checkpoint, stop_point
+from ..tree import Topology, Tree, TreeBatch, bionj, fixed_branches, kernel_batch, kernel_splits, phase_widths, splits
+from ..likelihood import (
+    PRECISIONS, kernel_tree_lengths, max_step_width, place_data, search_data, search_lengths, search_template,
+)
 from ..models import PartitionedModel, part_alignments
 from ._fit import MLResult
+from ._search import Climb, Problem, SearchSettings, optimise_lengths, searched_result
 from ._nni import nni_scores
 
 BOOTSTRAP_BATCH = 100  # replicates climbed together (fixed, so that results do not depend on interruptions)
@@ -44,7 +45,6 @@ BOOTSTRAP_BATCH = 100  # replicates climbed together (fixed, so that results do 
 def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed: int = 0,
             precision: str = "float64") -> dict[frozenset, float]:
     """SH-aLRT support (percent) of every internal branch of the ML tree, by split."""
-    from ._search import kernel_tree_lengths, search_data, search_template
 
     batch, lengths = kernel_tree_lengths(result.tree, result.model)
     model = search_template(result.model)
@@ -157,7 +157,6 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     spreads the replicates over its `batch` axis and the patterns over
     `patterns`, as in `search`.
     """
-    from ._search import Climb, SearchSettings, kernel_batch, search_data, searched_result
 
     settings = settings or SearchSettings()
     batch = kernel_batch([result.tree])
@@ -198,7 +197,6 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
 
 def _replicate_problem(resampling: Resampling, result, columns, settings, precision, mesh=None):
     """The search problem of one batch of resampled site sets: one row of pattern counts per replicate."""
-    from ._search import Problem, search_data, search_template
 
     alignment = resampling.alignment
     counts = resampling.counts(columns)
@@ -214,7 +212,6 @@ def _replicate_problem(resampling: Resampling, result, columns, settings, precis
 
 def _replicate_starts(resampling: Resampling, result, columns, settings, precision, mesh=None):
     """Each replicate's BIONJ tree with branch lengths fitted to its columns, as a climb (NNIs only) to run."""
-    from ._search import Climb, kernel_batch, optimise_lengths, search_lengths
 
     alignment, starts = resampling.alignment, []
     for row in columns:

@@ -7,10 +7,12 @@ from ._frequencies import codon_frequencies, empirical_frequencies
 from ._model import Model
 from ._nucleotide import F81, GTR, HKY85, JC69, K80, NAMED_DNA_MODELS, TN93, ConstrainedGTR, rate_classes
 from ._parse import estimated_parameters, model_string, parse_model
-from ._partitioned import LINKS, PartitionedModel, PartsEstimated, part_alignments, partitioned_model, split_alignment
+from ._partitioned import (
+    LINKS, PartitionedModel, PartsEstimated, model_record, part_alignments, partitioned_model, split_alignment,
+)
 from ._parameters import (
     MAX_LENGTH, MIN_LENGTH, ModelCoordinates, estimate_sets, lengths_from_unconstrained, lengths_to_unconstrained,
-    unconstrain,
+    ml_estimated, resolve_model, unconstrain,
 )
 from ._priors import MRBAYES_PRIORS, default_priors, initial_values, sample_model
 from ._simulate import simulate
@@ -27,5 +29,5 @@ __all__ = [
     "PartitionedModel", "PartsEstimated", "partitioned_model", "part_alignments", "split_alignment", "LINKS",
     "simulate", "ModelCoordinates", "unconstrain", "estimate_sets", "lengths_from_unconstrained",
     "lengths_to_unconstrained", "MAX_LENGTH", "MIN_LENGTH", "MRBAYES_PRIORS", "default_priors", "initial_values",
-    "sample_model", "empirical_matrix", "discrete_gamma_rates", "median_gamma_rates",
+    "sample_model", "empirical_matrix", "ml_estimated", "resolve_model", "model_record", "discrete_gamma_rates", "median_gamma_rates",
 ]

@@ -27,7 +27,9 @@ from jaxtyping import Array, Float
 from numpyro import handlers
 from numpyro.distributions import biject_to, constraints
 
+from ..data import Alignment
 from .._errors import ModelError
+from ._parse import estimated_parameters, parse_model
 from ._priors import initial_values, sample_model
 from ._model import Model
 from ._nucleotide import ConstrainedGTR, GTR, JC69, K80, NAMED_DNA_MODELS
@@ -201,3 +203,32 @@ def unconstrain(
             raise ModelError(f"unknown parameter group {unknown[0]!r}; known: {', '.join(sorted(PARAMETER_GROUPS))}")
     coordinates = ModelCoordinates(model, names)
     return coordinates.start(), coordinates
+
+
+def ml_estimated(string: str) -> frozenset[str]:
+    """What ML estimates of a model string (IQ-TREE's convention: no frequency term means `+F`, fixed)."""
+    free = estimated_parameters(string)
+    if not any(t.strip().upper().startswith("FO") for t in string.split("+")[1:]):
+        free = free - {"frequencies"}
+    return free
+
+
+def resolve_model(model: str | Model | PartitionedModel, alignment: Alignment, estimate=None):
+    """`(model, estimated parameter names)` under ML conventions (`ml_estimated`).
+
+    A `Model` has only `estimate` free; a `PartitionedModel` built from model
+    strings (`jp.partitioned_model`) has each part's `ml_estimated` free, and
+    one set per part (`estimate_sets`).
+    """
+    if isinstance(model, PartitionedModel):
+        if estimate is not None:
+            return model, estimate_sets(model, estimate)
+        if model.model_strings:
+            return model, PartsEstimated(tuple(ml_estimated(string) for string in model.model_strings), True)
+        return model, PartsEstimated((frozenset(),) * model.num_parts, True)
+    if isinstance(model, Model):
+        return model, frozenset(estimate or ())
+    if not isinstance(model, str):
+        raise ModelError(f"model must be a model string or a Model, not {type(model).__name__}")
+    parsed = parse_model(model, alignment=alignment)
+    return parsed, ml_estimated(model) if estimate is None else frozenset(estimate)

@@ -43,6 +43,7 @@ from functools import lru_cache
 from typing import Mapping, NamedTuple
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
@@ -255,3 +256,12 @@ def _default_for(default_model, data_type: str | None) -> str | None:
     if data_type is None:
         return None
     return default_model.get(data_type)
+
+
+def model_record(model) -> str:
+    """A model as a run's checkpoint records it: a string or `Model` by its text (which holds its values), a
+    partitioned model by what it was built from and its values."""
+    if isinstance(model, PartitionedModel):
+        model = repr((model.model_strings, model.link, model.scheme.names, model.site_counts,
+                      [np.asarray(x).tolist() for x in jax.tree.leaves(model)]))
+    return str(model)

@@ -15,6 +15,7 @@ from ._kernel_form import (
     binarize as binarize,
     branch_index as branch_index,
     fixed_branches as fixed_branches,
+    kernel_batch as kernel_batch,
     mask_like as mask_like,
     root_on_first_tip as root_on_first_tip,
     rooted_on_first_tip as rooted_on_first_tip,

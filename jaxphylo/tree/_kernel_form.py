@@ -207,3 +207,12 @@ def fixed_branches(parent):
 def mask_like(mask, lengths):
     """A per-node mask `[..., M]` broadcastable against lengths `[..., M]` or unlinked ones `[..., M, K]`."""
     return mask.reshape(mask.shape + (1,) * (lengths.ndim - mask.ndim))
+
+
+def kernel_batch(trees: list[Tree]) -> TreeBatch:
+    """Trees as a batch of kernel trees each rooted on tip 0 (the form searches and samplers move)."""
+    batch = TreeBatch.from_trees(trees)
+    rooted = [root_on_first_tip(p, l) for p, l in zip(np.asarray(batch.parents), np.asarray(batch.branch_lengths))]
+    parents = np.stack([p for p, _ in rooted])
+    lengths = np.stack([l for _, l in rooted])
+    return TreeBatch(jnp.asarray(parents), jnp.asarray(lengths), batch.taxa)

@@ -20,8 +20,7 @@ from jaxtyping import Array, Float, Int
 
 from ...runtime import product_precision
 from ...tree import Schedule
-from . import _pallas
-from . import _cpu, _xla
+from . import _cpu, _pallas, _xla
 from ._choice import cpu_wanted, pallas_wanted, post_order_partials
 from ._xla import log_likelihoods_from, root_sum
 from ._preorder import pre_order_partials, transition_cotangent_visitor

@@ -41,8 +41,7 @@ from jaxtyping import Array, Float, Int
 
 from ...runtime import product_precision
 from ...tree import Schedule
-from . import _pallas_blocks
-from . import _pallas_vectors
+from . import _pallas_blocks, _pallas_vectors
 from ._pallas_blocks import padded_states
 from ._pallas_vectors import VECTOR_STATES
 from ._walk import level_loop, step_children
