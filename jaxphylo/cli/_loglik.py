@@ -29,7 +29,7 @@ def run(args) -> None:
     import numpy as np
 
     import jaxphylo as jp
-    from jaxphylo.likelihood._finite import require_finite
+    from jaxphylo.likelihood import require_finite
 
     if args.example:
         alignment_path, tree_path = example_paths()

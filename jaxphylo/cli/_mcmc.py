@@ -52,9 +52,7 @@ def add_command(subparsers) -> None:
 
 def run(args) -> None:
     import jaxphylo as jp
-    from jaxphylo.inference._analysis import PRIOR_SETS
-    from jaxphylo.inference._mc3 import DEFAULT_MOVES, MC3Settings
-    from jaxphylo.inference._mc3_run import mc3
+    from jaxphylo.inference import DEFAULT_MOVES, PRIOR_SETS, MC3Settings, mc3
 
 
     model_string = model_or_partitions(args, "mcmc")

@@ -68,11 +68,8 @@ def run(args) -> None:
 
         numpyro.set_host_device_count(min(args.chains, os.cpu_count() or 1))
     import jaxphylo as jp
-    from jaxphylo.inference import Analysis, prepare
-    from jaxphylo.inference._outputs import write_outputs
-    from jaxphylo.likelihood import plan
-    from jaxphylo.likelihood._finite import check_start
-    from jaxphylo.inference._runner import chunk_program, progress_printer, run_nuts
+    from jaxphylo.inference import Analysis, chunk_program, prepare, progress_printer, run_nuts, write_outputs
+    from jaxphylo.likelihood import check_start, plan
     from jaxphylo.likelihood import place_data
 
     if not args.example and not args.alignment:
@@ -153,8 +150,7 @@ def _wants_free_topology(args) -> bool:
 
 def _run_free_topology(args) -> None:
     import jaxphylo as jp
-    from jaxphylo.inference._dated_mcmc import DatedSettings
-    from jaxphylo.inference._dated_run import _check_speciation_tips, _tip_heights, dated_mcmc
+    from jaxphylo.inference import DatedSettings, check_dated_inputs, dated_mcmc
 
     if args.p or args.q or args.Q:
         raise JaxphyloError("--topology free takes one model for the whole alignment (no -p/-q/-Q yet)")
@@ -167,7 +163,7 @@ def _run_free_topology(args) -> None:
     tip_dates = None
     if args.dates or args.dates_in_names:
         tip_dates = jp.io.read_tip_dates(args.dates) if args.dates else jp.io.tip_dates_from_names(alignment.taxa)
-    _check_speciation_tips(prior, _tip_heights(alignment, tip_dates)[1])  # before a dry run too
+    check_dated_inputs(alignment, tip_dates, prior)  # before a dry run too
     settings = DatedSettings(chains=args.chains, generations=(args.warmup + args.samples) * args.sample_every,
                              sample_every=args.sample_every, tune=args.warmup * args.sample_every,
                              block=args.block)

@@ -35,7 +35,7 @@ from ..data import Alignment, distances
 from .._errors import ModelError
 from ..tree import TimeTree, Tree, branch_durations, start_heights, time_tree, with_sampled_tips
 from ..io import TipDates, read_partitions, to_dendropy
-from ..io._tree_files import _from_dendropy
+from ..io import from_dendropy
 from ..likelihood import partitioned_data, pattern_data
 from ..models import (
     LINKS,
@@ -120,7 +120,7 @@ def unrooted(tree: Tree) -> Tree:
     dtree = to_dendropy(tree)
     dtree.collapse_basal_bifurcation()
     dtree.is_rooted = False
-    return _from_dendropy(dtree, "<tree>", None)
+    return from_dendropy(dtree, "<tree>", None)
 
 
 def prepare(alignment: Alignment, tree: Tree, analysis: Analysis, tip_dates=None) -> Prepared:

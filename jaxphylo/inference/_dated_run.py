@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment
+from ..io import TipDates
 from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point, to_host
 from .._errors import InputError, ModelError
 from ..tree import Tree, phase_widths, random_topology_tree, start_heights, time_tree
@@ -152,8 +153,6 @@ def _tip_heights(alignment: Alignment, tip_dates):
     """`(tip heights, [2, tips] bounds, year at height 0)` in taxon order: intervals (a bare year, a month,
     an undated tip) are sampled within their bounds, starting at the middle; contemporaneous tips have
     reference `None`, given heights `0.0`."""
-    from ..io._dates import TipDates
-
     if tip_dates is None:
         zeros = np.zeros(len(alignment.taxa))
         return zeros, np.stack([zeros, zeros]), None
@@ -164,6 +163,11 @@ def _tip_heights(alignment: Alignment, tip_dates):
     if heights.shape != (len(alignment.taxa),) or np.any(heights < 0):
         raise InputError(f"tip heights must be {len(alignment.taxa)} non-negative numbers in taxon order")
     return heights, np.stack([heights, heights]), 0.0
+
+
+def check_dated_inputs(alignment: Alignment, tip_dates, tree_prior: str) -> None:
+    """The checks a dated run makes of its tip dates before anything is compiled (a dry run makes them too)."""
+    _check_speciation_tips(tree_prior, _tip_heights(alignment, tip_dates)[1])
 
 
 def _check_speciation_tips(tree_prior: str, bounds) -> None:

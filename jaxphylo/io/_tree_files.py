@@ -46,10 +46,10 @@ def _parse(text, source, default_branch_length, index) -> Tree:
         raise InputError(f"{source}: unparsable {schema} tree: {err}".splitlines()[0]) from None
     if len(trees) <= index:
         raise InputError(f"{source}: no tree number {index + 1} (found {len(trees)})")
-    return _from_dendropy(trees[index], source, default_branch_length)
+    return from_dendropy(trees[index], source, default_branch_length)
 
 
-def _from_dendropy(dtree, source, default_branch_length) -> Tree:
+def from_dendropy(dtree, source, default_branch_length) -> Tree:
     dtree.suppress_unifurcations()
     leaves = list(dtree.leaf_node_iter())
     internal = [n for n in dtree.postorder_node_iter() if not n.is_leaf()]

@@ -58,7 +58,7 @@ from ..data import Alignment, DNA, PROTEIN, distances
 from .._errors import InputError, ModelError
 from ..tree import Tree, bionj
 from ..likelihood import PRECISIONS, check_inputs, data_log_likelihood, pattern_data
-from ..io._partitions import PartitionScheme
+from ..io import PartitionScheme
 from ..models import (
     ConstrainedGTR,
     DiscreteGamma,

@@ -18,8 +18,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ..tree import device_schedule, mask_like
-from ..likelihood import batch_layout_lengths, batch_pattern_log_likelihoods, group_kernel_arrays, part_layout_lengths
-from ..likelihood._derivatives import derivatives_from_arrays, layout_branch_derivatives
+from ..likelihood import (
+    batch_layout_lengths, batch_pattern_log_likelihoods, derivatives_from_arrays, group_kernel_arrays,
+    layout_branch_derivatives, part_layout_lengths,
+)
 from ..models import MAX_LENGTH, MIN_LENGTH, PartitionedModel
 
 FRACTIONS = (1.0, 0.5, 0.25, 0.0)

@@ -50,7 +50,7 @@ from jaxtyping import Array, Float
 
 from ..data import Alignment, alphabet_for
 from .._errors import InputError, ModelError
-from ..io._partitions import PartitionScheme
+from ..io import PartitionScheme
 from ._amino_acid import EMPIRICAL_MODELS
 from ._model import Model
 from ._parse import _ALIASES, parse_model
