@@ -53,7 +53,7 @@ from numpyro.infer.util import potential_energy
 from .._errors import InputError
 from ..likelihood import batch_pattern_log_likelihoods
 from ..models import ModelCoordinates, sample_model
-from ._mc3 import check_moves
+from ._base import check_moves, draw_moves, metropolis_hastings, mixture, robbins_monro, tally, where
 from ._hmc_move import HMC_START_STEP, HMC_TARGET_ACCEPTANCE, leapfrog_trajectory
 from ._time_tree_moves import ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, ancestors_of, propose_time_tree
 from ._tree_priors import birth_death_times_log_density, coalescent_times_log_density
@@ -254,10 +254,6 @@ def _durations(parents, heights) -> Float[Array, "B M"]:
     return jnp.where(parents >= 0, above - heights, 0.0)
 
 
-def _where(mask, new, old):
-    return jax.tree.map(lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old)
-
-
 def hmc_move(key, state: DatedState, posterior: DatedPosterior, settings: DatedSettings):
     """Every chain's HMC proposal over node heights (ratio coordinates), sampled tip heights (logit within
     their bounds: the anchors move with them) and parameters: `(heights, params, log q, mass)`.
@@ -328,8 +324,7 @@ def generation(state: DatedState, posterior: DatedPosterior, settings: DatedSett
     b = state.parents.shape[0]
     key, k_kind, k_move, k_hmc_pick, k_hmc, k_accept = jax.random.split(state.key, 6)
     hmc = DATED_MOVES.index("hmc")
-    kind = jax.random.categorical(k_kind, jnp.log(weights[:hmc]), shape=(b,))
-    use_hmc = jax.random.uniform(k_hmc_pick) * jnp.sum(weights) < weights[hmc]
+    kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, b)
     enabled = tuple(dict(settings.moves).get(name, 0.0) > 0 for name in TIME_TREE_MOVES)
 
     def tree_moves(_):
@@ -341,22 +336,19 @@ def generation(state: DatedState, posterior: DatedPosterior, settings: DatedSett
         heights, params, log_q, mass = hmc_move(k_hmc, state, posterior, settings)
         return state.parents, heights, params, log_q, mass
 
-    if dict(settings.moves).get("hmc", 0.0) > 0:  # static: no gradient program unless HMC can be drawn
-        parents, heights, params, log_q, mass = jax.lax.cond(use_hmc, hamiltonian, tree_moves, None)
-    else:
-        parents, heights, params, log_q, mass = tree_moves(None)
+    hmc_enabled = dict(settings.moves).get("hmc", 0.0) > 0
+    parents, heights, params, log_q, mass = mixture(use_hmc, hmc_enabled, hamiltonian, tree_moves)
     kind = jnp.where(use_hmc, hmc, kind)
     log_likelihood, log_prior = posterior.log_posteriors(parents, heights, params)
     log_ratio = log_likelihood - state.log_likelihood + log_prior - state.log_prior + log_q
-    accept = (jnp.log(jax.random.uniform(k_accept, (b,))) < log_ratio) & jnp.isfinite(log_likelihood + log_prior)
-    chosen = jax.nn.one_hot(kind, len(DATED_MOVES), dtype=jnp.int32)
-    kept = _where(accept, (parents, heights, params, log_likelihood, log_prior),
+    accept = metropolis_hastings(k_accept, log_ratio, log_likelihood + log_prior)
+    kept = where(accept, (parents, heights, params, log_likelihood, log_prior),
                   (state.parents, state.heights, state.params, state.log_likelihood, state.log_prior))
     return eqx.tree_at(
         lambda s: (s.parents, s.heights, s.params, s.log_likelihood, s.log_prior, s.proposed, s.accepted,
                    s.tunings, s.mass, s.generation, s.key),
-        state, kept + (state.proposed + chosen, state.accepted + chosen * accept[:, None],
-                       _tuned(state, kind, accept, settings), mass, state.generation + 1, key))
+        state, kept + tally(state.proposed, state.accepted, kind, accept) + (
+            _tuned(state, kind, accept, settings), mass, state.generation + 1, key))
 
 
 def _tuned(state: DatedState, kind, accept, settings: DatedSettings):
@@ -364,11 +356,9 @@ def _tuned(state: DatedState, kind, accept, settings: DatedSettings):
     target acceptance (HMC's 0.65, else 0.3), while tuning."""
     column = jnp.select([kind == DATED_MOVES.index(name) for name in TUNED] + [kind == DATED_MOVES.index("hmc")],
                         list(TUNED.values()) + [2], -1)
-    tunable = (column >= 0) & (state.generation < settings.tune_generations)
     target = jnp.where(column == 2, HMC_TARGET_ACCEPTANCE, TARGET_ACCEPTANCE)
-    step = (accept.astype(state.tunings.dtype) - target) / jnp.sqrt(1.0 + state.generation / 100.0)
-    change = jax.nn.one_hot(jnp.maximum(column, 0), 3) * jnp.where(tunable, step, 0.0)[:, None]
-    return jnp.clip(state.tunings * jnp.exp(change), 1e-6, 1e6)
+    return robbins_monro(state.tunings, column, accept, target, state.generation, settings.tune_generations,
+                         (1e-6, 1e6))
 
 
 class DatedSample(eqx.Module):

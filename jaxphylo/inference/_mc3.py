@@ -45,6 +45,7 @@ from .._errors import InputError
 from ..runtime import to_host
 from ..likelihood import batch_pattern_log_likelihoods
 from ..models import ModelCoordinates, sample_model
+from ._base import check_moves, draw_moves, metropolis_hastings, mixture, robbins_monro, tally, where
 from ._hmc_move import HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, hmc_proposal
 from ._parameter_moves import START_TUNING, propose_parameters, support_kind
 from ._tree_moves import BRANCH_MOVES, MULTIPLIER_TUNING, TOPOLOGY_MOVES, from_view, propose_tree, to_view
@@ -87,14 +88,6 @@ class MC3Settings:
     @property
     def tune_generations(self) -> int:
         return self.generations // 10 if self.tune is None else int(self.tune)
-
-
-def check_moves(moves: tuple, known: tuple) -> None:
-    """`(name, weight)` pairs: known names, weights non-negative and not all zero."""
-    if unknown := sorted(set(dict(moves)) - set(known)):
-        raise InputError(f"unknown move {unknown[0]!r}: moves are {', '.join(known)}")
-    if any(w < 0 for _, w in moves) or sum(w for _, w in moves) <= 0:
-        raise InputError("move weights must be non-negative and not all zero")
 
 
 class ChainState(eqx.Module):
@@ -158,11 +151,6 @@ def heats(settings: MC3Settings) -> jax.Array:
     return 1.0 / (1.0 + settings.temperature * jnp.arange(settings.chains))
 
 
-def _where(mask, new, old):
-    """`new` where the per-chain `mask` holds, else `old` (leaves `[B, ...]`)."""
-    return jax.tree.map(lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old)
-
-
 def _local_proposals(state: ChainState, posterior: Posterior, settings: MC3Settings, key, kind):
     """Each chain's own move: a tree move or one model parameter (`_parameter_moves`), chosen by `kind`.
 
@@ -183,10 +171,10 @@ def _local_proposals(state: ChainState, posterior: Posterior, settings: MC3Setti
     if jax.tree.leaves(state.params):
         walked, log_q_params, site = jax.vmap(propose_parameters, in_axes=(0, 0, None, 0))(
             jax.random.split(k_param, b), state.params, posterior.supports(), state.tunings[:, 4:])
-        params = _where(moving_params, walked, state.params)
+        params = where(moving_params, walked, state.params)
         log_q = jnp.where(moving_params, log_q_params, log_q)
         slot = jnp.where(moving_params, 4 + site, slot)
-    up, edge = _where(moving_params, (state.up, state.edge), (up.astype(state.up.dtype), edge))
+    up, edge = where(moving_params, (state.up, state.edge), (up.astype(state.up.dtype), edge))
     return up, edge, params, log_q, slot
 
 
@@ -200,8 +188,7 @@ def generation(state: ChainState, posterior: Posterior, settings: MC3Settings, w
     b = state.up.shape[0]
     key, k_kind, k_move, k_hmc_pick, k_hmc, k_accept, k_swap = jax.random.split(state.key, 7)
     hmc = MOVES.index("hmc")
-    kind = jax.random.categorical(k_kind, jnp.log(weights[:hmc]), shape=(b,))
-    use_hmc = jax.random.uniform(k_hmc_pick) * jnp.sum(weights) < weights[hmc]
+    kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, b)
     beta = heats(settings)[state.heat]
 
     def hamiltonian(_):
@@ -210,24 +197,19 @@ def generation(state: ChainState, posterior: Posterior, settings: MC3Settings, w
         return state.up, edge, params, log_q, jnp.full(b, 3)
 
     local = lambda _: _local_proposals(state, posterior, settings, k_move, kind)  # noqa: E731
-    if dict(settings.moves).get("hmc", 0.0) > 0:  # static: no gradient program unless HMC can be drawn
-        up, edge, params, log_q, slot = jax.lax.cond(use_hmc, hamiltonian, local, None)
-    else:
-        up, edge, params, log_q, slot = local(None)
+    hmc_enabled = dict(settings.moves).get("hmc", 0.0) > 0
+    up, edge, params, log_q, slot = mixture(use_hmc, hmc_enabled, hamiltonian, local)
     kind = jnp.where(use_hmc, hmc, kind)
 
     log_likelihood = posterior.log_likelihoods(up, edge, state.root, params)
     log_prior = posterior.log_priors(up, edge, params)
     log_ratio = beta * (log_likelihood - state.log_likelihood + log_prior - state.log_prior) + log_q
-    accept = (jnp.log(jax.random.uniform(k_accept, (b,))) < log_ratio) & jnp.isfinite(log_likelihood + log_prior)
-
-    chosen = jax.nn.one_hot(kind, len(MOVES), dtype=jnp.int32)
-    kept = _where(accept, (up, edge, params, log_likelihood, log_prior),
+    accept = metropolis_hastings(k_accept, log_ratio, log_likelihood + log_prior)
+    kept = where(accept, (up, edge, params, log_likelihood, log_prior),
                   (state.up, state.edge, state.params, state.log_likelihood, state.log_prior))
     state = eqx.tree_at(
         lambda s: (s.up, s.edge, s.params, s.log_likelihood, s.log_prior, s.proposed, s.accepted, s.tunings, s.key),
-        state, kept + (state.proposed + chosen, state.accepted + chosen * accept[:, None],
-                       _tuned(state, slot, accept, settings), key))
+        state, kept + tally(state.proposed, state.accepted, kind, accept) + (_tuned(state, slot, accept, settings), key))
     state = _swap_heats(state, k_swap, settings)
     return eqx.tree_at(lambda s: s.generation, state, state.generation + 1)
 
@@ -235,11 +217,9 @@ def generation(state: ChainState, posterior: Posterior, settings: MC3Settings, w
 def _tuned(state: ChainState, slot, accept, settings: MC3Settings):
     """Robbins-Monro steps on the log of the used move's tuning (`slot`, -1 for none) towards its target
     acceptance (HMC's 0.65, else 0.3), while tuning."""
-    tunable = (slot >= 0) & (state.generation < settings.tune_generations)
     target = jnp.where(slot == 3, HMC_TARGET_ACCEPTANCE, TARGET_ACCEPTANCE)
-    step = (accept.astype(state.tunings.dtype) - target) / jnp.sqrt(1.0 + state.generation / 100.0)
-    change = jax.nn.one_hot(jnp.maximum(slot, 0), state.tunings.shape[1]) * jnp.where(tunable, step, 0.0)[:, None]
-    return jnp.clip(state.tunings * jnp.exp(change), 1e-4, 20.0)
+    return robbins_monro(state.tunings, slot, accept, target, state.generation, settings.tune_generations,
+                         (1e-4, 20.0))
 
 
 def _swap_heats(state: ChainState, key, settings: MC3Settings) -> ChainState:

@@ -28,17 +28,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from ._base import uniform_choice
 from ._tree_moves import children
 
 TIME_TREE_MOVES = ("narrow_exchange", "wide_exchange", "subtree_slide", "wilson_balding", "node_height",
                    "root_height")
 START_SLIDE = 0.1  # subtree-slide window, as a fraction of the starting root height
 ROOT_TUNING = 2.0 * math.log(2.0)  # the root-height multiplier's lambda: m in [1/2, 2]
-
-
-def _uniform_choice(key, mask) -> Int[Array, ""]:
-    """A uniformly random index where `mask` holds (argmax of masked uniforms)."""
-    return jnp.argmax(jnp.where(mask, jax.random.uniform(key, mask.shape), -1.0)).astype(jnp.int32)
 
 
 def _other_child(kids: Int[Array, "M 2"], parent, child) -> Int[Array, ""]:
@@ -94,7 +90,7 @@ def narrow_exchange(key, parents: Int[Array, "M"], heights: Float[Array, "M"], t
     the way back (`i` is younger than `p`), so `log q = 0`.
     """
     kids = children(parents)
-    i = _uniform_choice(key, parents >= 0)
+    i = uniform_choice(key, parents >= 0)
     p = parents[i]
     g = parents[p]
     u = _other_child(kids, g, p)
@@ -112,8 +108,8 @@ def wide_exchange(key, parents: Int[Array, "M"], heights: Float[Array, "M"], tun
     from the new tree, swaps back: `log q = 0`.
     """
     k1, k2 = jax.random.split(key)
-    i = _uniform_choice(k1, parents >= 0)
-    j = _uniform_choice(k2, (parents >= 0) & (jnp.arange(parents.shape[0]) != i))
+    i = uniform_choice(k1, parents >= 0)
+    j = uniform_choice(k2, (parents >= 0) & (jnp.arange(parents.shape[0]) != i))
     pi, pj = parents[i], parents[j]
     ok = (heights[i] < heights[pj]) & (heights[j] < heights[pi]) & (pi != pj)
     swapped = parents.at[i].set(pj).at[j].set(pi)
@@ -165,7 +161,7 @@ def subtree_slide(key, parents: Int[Array, "M"], heights: Float[Array, "M"], win
     """
     k_node, k_step, k_edge = jax.random.split(key, 3)
     kids = children(parents)
-    i = _uniform_choice(k_node, parents >= 0)
+    i = uniform_choice(k_node, parents >= 0)
     pruned, p, s, g = _pruned(parents, kids, i)
     height = heights[p] + window * jax.random.uniform(k_step, minval=-1.0, maxval=1.0, dtype=heights.dtype)
     detached = _detached(parents, p, i)
@@ -174,7 +170,7 @@ def subtree_slide(key, parents: Int[Array, "M"], heights: Float[Array, "M"], win
     up_edge = crossing & ancestors_of(pruned, s)
     down_edges = crossing & in_subtree(pruned, s) & (jnp.arange(parents.shape[0]) != s)
     count = jnp.sum(down_edges)
-    c = jnp.where(upward, _uniform_choice(k_edge, up_edge), _uniform_choice(k_edge, down_edges))
+    c = jnp.where(upward, uniform_choice(k_edge, up_edge), uniform_choice(k_edge, down_edges))
     node = jnp.arange(parents.shape[0])
     back = _spanning(pruned, heights, heights[p], detached) & in_subtree(pruned, c) & (node != c)
     back_count = jnp.where(heights[p] > heights[c], 1, jnp.sum(back))
@@ -199,12 +195,12 @@ def wilson_balding(key, parents: Int[Array, "M"], heights: Float[Array, "M"], tu
     """
     k_node, k_edge, k_height = jax.random.split(key, 3)
     kids = children(parents)
-    i = _uniform_choice(k_node, parents >= 0)
+    i = uniform_choice(k_node, parents >= 0)
     pruned, p, s, g = _pruned(parents, kids, i)
     detached = _detached(parents, p, i)
     top = heights[jnp.maximum(pruned, 0)]
     edges = (pruned >= 0) & ~detached & (top > heights[i])
-    c = _uniform_choice(k_edge, edges)
+    c = uniform_choice(k_edge, edges)
     low = jnp.maximum(heights[i], heights[c])
     height = low + (top[c] - low) * jax.random.uniform(k_height, dtype=heights.dtype)
     log_q = jnp.log(top[c] - low) - jnp.log(heights[g] - jnp.maximum(heights[i], heights[s]))
@@ -221,7 +217,7 @@ def node_height(key, parents: Int[Array, "M"], heights: Float[Array, "M"], tunin
     m = parents.shape[0]
     kids = children(parents)
     internal = kids[:, 0] >= 0
-    v = _uniform_choice(k_node, internal & (parents >= 0))
+    v = uniform_choice(k_node, internal & (parents >= 0))
     low = jnp.max(heights[kids[v]])
     high = heights[jnp.maximum(parents[v], 0)]
     height = low + (high - low) * jax.random.uniform(k_height, dtype=heights.dtype)

@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from ._base import uniform_choice
+
 MULTIPLIER_TUNING = 2.0 * math.log(2.0)  # MrBayes's default lambda for multiplier moves: m in [1/2, 2]
 
 
@@ -69,11 +71,6 @@ def sibling(up: Int[Array, "M"], kids: Int[Array, "M 2"], v) -> Int[Array, ""]:
     return jnp.where(pair[0] == v, pair[1], pair[0])
 
 
-def _uniform_choice(key, mask):
-    """A uniformly random index where `mask` is True (argmax of masked uniforms)."""
-    return jnp.argmax(jnp.where(mask, jax.random.uniform(key, mask.shape), -1.0)).astype(jnp.int32)
-
-
 def _internal_edges(up, num_tips):
     """Internal edges of the unrooted tree: above internal nodes whose view parent is internal."""
     node = jnp.arange(up.shape[0])
@@ -90,7 +87,7 @@ def stochastic_nni(key, up, edge, num_tips: int):
     """
     k1, k2 = jax.random.split(key)
     kids = children(up)
-    v = _uniform_choice(k1, _internal_edges(up, num_tips))
+    v = uniform_choice(k1, _internal_edges(up, num_tips))
     u, s = up[v], sibling(up, kids, v)
     x = kids[v, jax.random.bernoulli(k2).astype(jnp.int32)]
     return up.at[x].set(u).at[s].set(v), edge, jnp.zeros(())
@@ -135,11 +132,11 @@ def subtree_prune_regraft(key, up, edge, num_tips: int):
     node = jnp.arange(m)
     kids = children(up)
     w = jnp.argmax(up == 0)
-    p = _uniform_choice(k1, (node != 0) & (up >= 0) & (node != w))
+    p = uniform_choice(k1, (node != 0) & (up >= 0) & (node != w))
     q = up[p]
     r, g = sibling(up, kids, p), up[q]
     remaining = ~descendants(up, p) & (node != q) & (node != 0) & (up >= 0) & (node != r)
-    t = _uniform_choice(k2, remaining)
+    t = uniform_choice(k2, remaining)
     merged = edge[r] + edge[q]
     target = edge[t]
     split = jax.random.uniform(k3, edge.shape[1:])
@@ -164,7 +161,7 @@ def branch_multiplier(key, up, edge, tuning):
     of density `m/lambda`, and `dx'/dm = x`: `log q = log m`.
     """
     k1, k2 = jax.random.split(key)
-    v = _uniform_choice(k1, up >= 0)
+    v = uniform_choice(k1, up >= 0)
     m = _multiplier(k2, tuning, edge.shape[1:])
     return up, edge.at[v].multiply(m), jnp.sum(jnp.log(m))
 
@@ -189,7 +186,7 @@ def node_slider(key, up, edge, tuning):
     k1, k2, k3 = jax.random.split(key, 3)
     node = jnp.arange(up.shape[0])
     w = jnp.argmax(up == 0)
-    v = _uniform_choice(k1, (up >= 0) & (node != w))
+    v = uniform_choice(k1, (up >= 0) & (node != w))
     u = up[v]
     m = _multiplier(k2, tuning, edge.shape[1:])
     total = m * (edge[v] + edge[u])
@@ -236,7 +233,7 @@ def extending_walk(key, nb: Int[Array, "M 3"], start, steps: int = MAX_STEPS, ex
     for k in range(steps):
         k1, k2 = jax.random.split(keys[k + 1])
         options = (nb[y] >= 0) & (nb[y] != x)
-        nxt = nb[y, _uniform_choice(k1, options)]
+        nxt = nb[y, uniform_choice(k1, options)]
         go = walking & ((k == 0) | (jax.random.uniform(k2) < extension))
         path = path.at[k].set(jnp.where(go, y, -1))
         x, y = jnp.where(go, y, x), jnp.where(go, nxt, y)
@@ -256,7 +253,7 @@ def _prune(key, up, edge):
     node = jnp.arange(up.shape[0])
     kids = children(up)
     w = jnp.argmax(up == 0)
-    p = _uniform_choice(key, (node != 0) & (up >= 0) & (node != w))
+    p = uniform_choice(key, (node != 0) & (up >= 0) & (node != w))
     q = up[p]
     r, g = sibling(up, kids, p), up[q]
     pruned = up.at[r].set(g).at[q].set(-1)
