@@ -34,8 +34,7 @@ from numpyro.distributions import constraints
 from ..data import Alignment, distances
 from .._errors import ModelError
 from ..tree import TimeTree, Tree, branch_durations, start_heights, time_tree, with_sampled_tips
-from ..io import TipDates, read_partitions, to_dendropy
-from ..io import from_dendropy
+from ..io import TipDates, from_dendropy, read_partitions, to_dendropy
 from ..likelihood import partitioned_data, pattern_data
 from ..models import (
     LINKS,

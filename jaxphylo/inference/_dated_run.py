@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment
-from ..io import TipDates
+from ..io import TipDates, nexus_trees_header
 from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point, to_host
 from .._errors import InputError, ModelError
 from ..tree import Tree, phase_widths, random_topology_tree, start_heights, time_tree
@@ -34,7 +34,6 @@ from ._dated_mcmc import DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_
 from ._dated_start import start_time_tree
 from ._mc3 import state_from_numpy, state_to_numpy
 from ._mc3_run import _OutputFiles as _RunFiles, _check_run_folder, _parameter_names, describe_priors
-from ._mc3_summary import nexus_header
 from ._time_tree_summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
 
 TREE_PRIORS = ("coalescent", "skygrid") + SPECIATION_PRIORS
@@ -309,7 +308,7 @@ class _OutputFiles(_RunFiles):
 
     def start(self) -> None:
         for path in self.paths():
-            path.write_text(nexus_header(self.taxa) if path.suffix == ".trees" else
+            path.write_text(nexus_trees_header(self.taxa) if path.suffix == ".trees" else
                             "state\t" + "\t".join(self.names) + "\n")
 
     def write(self, generation, chains) -> None:
@@ -327,7 +326,7 @@ class _OutputFiles(_RunFiles):
         for c in range(self.runs):
             with open(self.out / f"chain{c + 1}.trees", "a") as handle:
                 handle.write("End;\n")
-        (self.out / "mcc.tree").write_text(nexus_header(self.taxa) +
+        (self.out / "mcc.tree").write_text(nexus_trees_header(self.taxa) +
                                            f"tree TREE1 = [&R] {result.mcc_tree()};\nEnd;\n")
         summary = {"generations": result.generations, "seconds": result.seconds, "acceptance": result.acceptance,
                    "reference_year": result.reference, "burnin": result.burnin, "columns": result.summary()}

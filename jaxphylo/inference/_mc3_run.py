@@ -29,8 +29,9 @@ from .._errors import InputError
 from ..tree import kernel_batch, phase_widths, random_topology_tree
 from ..likelihood import PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template
 from ..models import ModelCoordinates, PartitionedModel, model_record, resolve_model
+from ..io import nexus_trees_header
 from ._mc3 import MC3Settings, MOVES, Posterior, initial_state, run_block, state_from_numpy, state_to_numpy
-from ._mc3_summary import RunSamples, asdsf, consensus_newick, convergence, nexus_header, split_frequencies, tree_newick
+from ._mc3_summary import RunSamples, asdsf, consensus_newick, convergence, split_frequencies, tree_newick
 
 
 @dataclass
@@ -254,7 +255,7 @@ class _OutputFiles:
 
     def start(self) -> None:
         for path in self.paths():
-            header = nexus_header(self.taxa) if path.suffix == ".trees" else "Gen\t" + "\t".join(self.names) + "\n"
+            header = nexus_trees_header(self.taxa) if path.suffix == ".trees" else "Gen\t" + "\t".join(self.names) + "\n"
             path.write_text(header)
 
     def sizes(self) -> list[int]:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpyro.diagnostics import effective_sample_size, gelman_rubin
 
+from ..io import newick_string, quoted
 from ..tree import TreeBatch, kernel_splits
-from ._outputs import _newick
 
 
 @dataclass
@@ -113,30 +113,16 @@ def consensus_newick(runs: list[RunSamples], taxa, burnin: float, min_frequency:
         placed = set().union(*members[clade]) if members[clade] else set()
         parts = [text(child) + (f"{frequencies[child]:.4f}" if labels else "") + f":{lengths[child]:.10g}"
                  for child in members[clade]]
-        parts += [f"{_quoted(t)}:{tips[taxa.index(t)]:.10g}" for t in taxa[1:] if t in clade and t not in placed]
+        parts += [f"{quoted(t)}:{tips[taxa.index(t)]:.10g}" for t in taxa[1:] if t in clade and t not in placed]
         return "(" + ",".join(sorted(parts)) + ")"
 
-    return f"({_quoted(taxa[0])}:{tips[0]:.10g}," + text(everyone)[1:] + ";"
-
-
-def _quoted(name: str) -> str:
-    return name if all(c.isalnum() or c in "_.-" for c in name) else "'" + name.replace("'", "''") + "'"
+    return f"({quoted(taxa[0])}:{tips[0]:.10g}," + text(everyone)[1:] + ";"
 
 
 def tree_newick(parent: np.ndarray, lengths: np.ndarray, taxa, numbered: bool = True) -> str:
     """An unrooted sampled tree in Newick: tips as translate numbers (NEXUS) or as names."""
     tree = TreeBatch(parent[None], lengths[None], tuple(taxa)).to_trees(rooted=False)[0]
-    text = _newick(tree.topology, np.asarray(tree.branch_lengths), [""] * tree.topology.num_nodes)
-    if numbered:
-        return text
-    import re
-
-    return re.sub(r"(?<=[(,])(\d+)(?=:)", lambda m: _quoted(tree.topology.taxa[int(m.group(1)) - 1]), text)
-
-
-def nexus_header(taxa) -> str:
-    translate = ",\n".join(f"\t\t{i + 1} {_quoted(name)}" for i, name in enumerate(taxa))
-    return "\n".join(["#NEXUS", "", "Begin trees;", "\tTranslate", translate, "\t\t;"]) + "\n"
+    return newick_string(tree.topology, np.asarray(tree.branch_lengths), names=not numbered)
 
 
 def convergence(runs: list[RunSamples], names: list[str], burnin: float) -> list[dict]:

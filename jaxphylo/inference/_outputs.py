@@ -8,6 +8,7 @@ import numpy as np
 from numpyro.diagnostics import hpdi, summary as numpyro_summary
 
 from ..tree import TimeTree, Topology
+from ..io import newick_string, nexus_trees_header
 from ._runner import Draws
 
 # standard-normal auxiliaries of non-centred parameterisations; sampled tip heights (their dates are logged)
@@ -51,32 +52,18 @@ def write_tracer_logs(out: Path, draws: Draws, labels: dict | None = None) -> li
     return paths
 
 
-def _newick(topology: Topology, lengths: np.ndarray, notes: list[str], root_note: str = "") -> str:
-    """Newick with tips as translate numbers (1-based) and `[&...]` notes on every branch (and `root_note`)."""
-    children = topology.children
-    text = [""] * topology.num_nodes
-    for node in range(topology.num_nodes):  # children precede parents
-        label = str(node + 1) if node < topology.num_tips else "(" + ",".join(text[c] for c in children[node]) + ")"
-        if node == topology.root:
-            text[node] = label + root_note
-        else:
-            text[node] = f"{label}{notes[node]}:{lengths[node]:.10g}"
-    return text[topology.root] + ";"
-
-
 def write_trees(out: Path, draws: Draws, topology: Topology, time: TimeTree | None) -> list[Path]:
     """A NEXUS trees file per chain. Time trees carry branch lengths in time and `[&rate=...]`
     on every branch (FigTree and TreeAnnotator read both); unrooted trees carry substitutions."""
     paths = []
     chains = draws.stats["posterior"].shape[0]
-    translate = ",\n".join(f"\t\t{i + 1} '{name}'" for i, name in enumerate(topology.taxa))
     rooted = "[&R]" if time is not None else "[&U]"
     tips = None if time is None else tip_height_draws(draws, time)
     for chain in range(chains):
-        lines = ["#NEXUS", "", "Begin trees;", "\tTranslate", translate, "\t\t;"]
+        lines = [nexus_trees_header(topology.taxa).rstrip("\n")]
         for draw in range(draws.num_draws):
             lengths, notes = _branch_values(draws, chain, draw, topology, None if tips is None else tips[chain, draw])
-            lines.append(f"tree STATE_{draw} = {rooted} {_newick(topology, lengths, notes)}")
+            lines.append(f"tree STATE_{draw} = {rooted} {newick_string(topology, lengths, notes)}")
         lines.append("End;")
         path = out / f"chain{chain + 1}.trees"
         path.write_text("\n".join(lines) + "\n")

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpyro.diagnostics import effective_sample_size
 
+from ..io import newick_string
 from ._dated_start import height_ordered_tree
-from ._outputs import _newick
 
 
 
@@ -81,7 +81,7 @@ def time_tree_newick(parents, heights, rates=None, notes=None) -> str:
 
     texts = [note(v) for v in order]
     lengths = np.maximum(np.asarray(tree.branch_lengths), 0.0)
-    return _newick(tree.topology, lengths, texts, root_note=texts[-1])[:-1]
+    return newick_string(tree.topology, lengths, texts, root_note=texts[-1])[:-1]
 
 
 def _value(x) -> str:
