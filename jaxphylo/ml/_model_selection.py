@@ -61,6 +61,7 @@ from ..likelihood import PRECISIONS, check_inputs, data_log_likelihood, pattern_
 from ..io import PartitionScheme
 from ..models import (
     ConstrainedGTR,
+    canonical_name,
     DiscreteGamma,
     EMPIRICAL_MODELS,
     FreeRates,
@@ -100,13 +101,10 @@ _DNA_NAMES = {
     "F81": "F81", "JC": "JC69",
 }
 _EQUAL_IN_IQTREE = {"SYM", "TVMe", "TIM3e", "TIM2e", "TIMe", "K3P", "TNe", "K2P", "JC"}
-_DNA_ALIASES = {**{name.upper(): name for name in DNA_ORDER}, "JC69": "JC", "K80": "K2P", "HKY85": "HKY",
-                "TN93": "TN", "TRN": "TN", "K81": "K3P", "K81U": "K3Pu", "TPM1": "K3P", "TPM1U": "K3Pu", "REV": "GTR",
-                "TIM1": "TIM", "TIM1E": "TIMe"}
+_DNA_SHOWN = {canonical_name(name): name for name in DNA_ORDER}  # a model's name as IQ-TREE's ModelFinder shows it
 # IQ-TREE 2.0.7's default protein list, in its order (its `-m MF` log); `--mset` may name any of EMPIRICAL_MODELS.
 PROTEIN_ORDER = ("LG", "WAG", "JTT", "JTTDCMut", "DCMut", "VT", "PMB", "Blosum62", "Dayhoff", "mtREV", "mtART",
                  "mtZOA", "mtMet", "mtVer", "mtInv", "mtMAM", "HIVb", "HIVw", "FLU", "rtREV", "cpREV")
-_PROTEIN_ALIASES = {name.upper(): name for name in EMPIRICAL_MODELS}
 _RATE_ALIASES = {"E": "", "I": "+I", "G": "+G4", "G4": "+G4", "I+G": "+I+G4", "I+G4": "+I+G4"}
 _PAIRS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
 
@@ -177,15 +175,15 @@ class Candidate:
 
 
 def _dna_base(name: str, source: str) -> str:
-    key = _DNA_ALIASES.get(name.upper())
+    key = _DNA_SHOWN.get(canonical_name(name))
     if key is None:
         raise ModelError(f"{source}: unknown DNA model {name!r}; known: {', '.join(DNA_ORDER)}")
     return key
 
 
 def _protein_base(name: str, source: str) -> str:
-    key = _PROTEIN_ALIASES.get(name.upper())
-    if key is None:
+    key = canonical_name(name)
+    if key not in EMPIRICAL_MODELS:
         raise ModelError(f"{source}: unknown protein matrix {name!r}; known: {', '.join(EMPIRICAL_MODELS)}")
     return key
 

@@ -42,6 +42,12 @@ _MEDIAN_GAMMA = re.compile(r"^G(\d*)M$")  # `_TERM` reads +G4m as the name `G4m`
 _RATE_KINDS = {"G": "gamma_shape", "GM": "gamma_shape", "I": "proportion_invariant", "R": "free_rates"}
 
 
+def canonical_name(name: str) -> str | None:
+    """The canonical name of a substitution model as any of its aliases names it (`HKY`, `hky85` -> `HKY85`;
+    `K81u` -> `K3Pu`; `lg` -> `LG`), or None. The one alias table of the package."""
+    return _ALIASES.get(name.upper())
+
+
 def parse_model(string: str, alignment: Alignment | None = None, genetic_code: int | None = None) -> Model:
     """The model that `string` names, in IQ-TREE's syntax.
 
@@ -134,7 +140,7 @@ def _base(term, string):
     name, _, values = _parse_term(term, string, _BASE)
     if len(name) == 6 and name.isdigit():
         return name, values
-    key = _ALIASES.get(name.upper())
+    key = canonical_name(name)
     if key is None:
         known = sorted(set(_ALIASES.values()) - set(EMPIRICAL_MODELS)) + list(EMPIRICAL_MODELS)
         raise ModelError(f"model {string!r}: unknown substitution model {name!r}; known: {', '.join(known)}, "

@@ -53,7 +53,7 @@ from .._errors import InputError, ModelError
 from ..io import PartitionScheme
 from ._amino_acid import EMPIRICAL_MODELS
 from ._model import Model
-from ._parse import _ALIASES, parse_model
+from ._parse import canonical_name, parse_model
 
 LINKS = ("proportional", "equal", "unlinked")
 
@@ -154,7 +154,7 @@ def _model_data_type(string: str | None) -> str | None:
     """'protein' for an amino-acid matrix, 'codon' for GY, else None (any alignment's)."""
     if string is None:
         return None
-    key = _ALIASES.get(_base_name(string))
+    key = canonical_name(_base_name(string))
     if key in EMPIRICAL_MODELS:
         return "protein"
     if key == "GY94":
