@@ -24,16 +24,14 @@ import numpy as np
 
 from ..data import Alignment
 from ..io import TipDates, nexus_trees_header
-from ..runtime import NEVER, alignment_digest, load_checkpoint, save_checkpoint, stop_point, to_host
+from ..runtime import NEVER, BlockRun, alignment_digest, from_numpy, to_host, to_numpy
 from .._errors import InputError, ModelError
 from ..tree import Tree, phase_widths, random_topology_tree, start_heights, time_tree
 from ..likelihood import PRECISIONS, max_step_width, pattern_data
-from ..models import ModelCoordinates, model_record, resolve_model
+from ..models import ModelCoordinates, describe_priors, model_record, parameter_names, resolve_model
 from ._analysis import _rate_guess
 from ._dated_mcmc import DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, initial_state, run_block
 from ._dated_start import start_time_tree
-from ._mc3 import state_from_numpy, state_to_numpy
-from ._mc3_run import _OutputFiles as _RunFiles, _check_run_folder, _parameter_names, describe_priors
 from ._time_tree_summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
 
 TREE_PRIORS = ("coalescent", "skygrid") + SPECIATION_PRIORS
@@ -111,32 +109,26 @@ def dated_mcmc(
     taxa = tuple(alignment.taxa)
     files = _OutputFiles(out, settings.chains, taxa, names)
     samples = TimeTreeSamples.empty(settings.chains, names)
-    checkpoint = None if out is None else Path(out) / "checkpoint.pkl"
-    if checkpoint is not None:
-        _check_run_folder(Path(out), resume)
-    if resume:
-        saved = load_checkpoint(checkpoint, record)
-        state, samples = state_from_numpy(saved["state"], state), TimeTreeSamples.from_plain(saved["samples"])
-        files.truncate(saved["sizes"])
+    run = BlockRun(None if out is None else Path(out) / "checkpoint.pkl", record, files.paths(), stop)
+    if (saved := run.open(resume)) is not None:
+        state, samples = from_numpy(saved["state"], state), TimeTreeSamples.from_plain(saved["samples"])
     else:
         files.start()
 
-    def save():
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, {"state": state_to_numpy(state), "samples": samples.to_plain(),
-                                         "sizes": files.sizes()}, record)
+    def payload():
+        return {"state": to_numpy(state), "samples": samples.to_plain()}
 
     total = settings.generations // settings.sample_every
     began = time.perf_counter()
     while samples.count < total:
-        stop_point(stop, save, checkpoint, f"after {int(state.generation)} generations")
+        run.stop_point(payload, f"after {int(state.generation)} generations")
         count = min(settings.block, total - samples.count)
         state, block = run_block(state, posterior, settings, np.int32(count))
         rows = _rows(jax.tree.map(to_host, block), count, int(state.generation), settings, posterior, reference)
         for generation, chain_rows in rows:
             samples.add(generation, chain_rows)
             files.write(generation, chain_rows)
-        save()
+        run.save(payload())
         if progress is not None:
             progress(int(state.generation), np.asarray(to_host(state.log_likelihood + state.log_prior)))
     state = jax.tree.map(to_host, state)
@@ -253,7 +245,7 @@ def _column_names(clock, tree_prior, intervals, coordinates, dated: bool) -> lis
         names += ["birthDeath.BminusDRate", "birthDeath.DoverB"]
     else:
         names += [f"skygrid.logPopSize{k + 1}" for k in range(intervals)] + ["skygrid.precision"]
-    return names + _parameter_names(coordinates)
+    return names + parameter_names(coordinates)
 
 
 def _rows(block, count, generation, settings, posterior: DatedPosterior, reference):
@@ -301,10 +293,16 @@ def _hyper_values(params, i, c, posterior: DatedPosterior) -> list[float]:
     return values
 
 
-class _OutputFiles(_RunFiles):
+class _OutputFiles:
     """`chain{c}.log` (Tracer) and `chain{c}.trees` (NEXUS time trees), appended sample by sample."""
 
-    prefix = "chain"
+    def __init__(self, out, chains: int, taxa, names):
+        self.out, self.runs, self.taxa, self.names = None if out is None else Path(out), chains, taxa, names
+
+    def paths(self) -> list[Path]:
+        if self.out is None:
+            return []
+        return [self.out / f"chain{c + 1}.{kind}" for c in range(self.runs) for kind in ("trees", "log")]
 
     def start(self) -> None:
         for path in self.paths():

@@ -42,7 +42,6 @@ import jax.numpy as jnp
 from numpyro.infer.util import potential_energy
 
 from .._errors import InputError
-from ..runtime import to_host
 from ..likelihood import batch_pattern_log_likelihoods
 from ..models import ModelCoordinates, sample_model
 from ._base import check_moves, draw_moves, metropolis_hastings, mixture, robbins_monro, tally, where
@@ -292,12 +291,3 @@ def initial_state(trees, params, posterior: Posterior, settings: MC3Settings, se
     return ChainState(up, edge, root, params, posterior.log_likelihoods(up, edge, root, params),
                       posterior.log_priors(up, edge, params), jnp.tile(jnp.arange(settings.chains), settings.runs),
                       tunings, zeros, zeros, swaps, swaps, jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed))
-
-
-def state_to_numpy(state: ChainState) -> dict:
-    leaves, _ = jax.tree.flatten(state)
-    return {"leaves": [to_host(x) for x in leaves]}
-
-
-def state_from_numpy(saved: dict, like: ChainState) -> ChainState:
-    return jax.tree.unflatten(jax.tree.structure(like), [jnp.asarray(x) for x in saved["leaves"]])

@@ -19,18 +19,15 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import numpyro.distributions as dist
 
 from ..data import Alignment
-from ..runtime import (
-    NEVER, alignment_digest, load_checkpoint, place_batch, replicate, save_checkpoint, stop_point, to_host,
-)
+from ..runtime import NEVER, BlockRun, alignment_digest, from_numpy, place_batch, replicate, to_host, to_numpy
 from .._errors import InputError
 from ..tree import kernel_batch, phase_widths, random_topology_tree
 from ..likelihood import PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template
-from ..models import ModelCoordinates, PartitionedModel, model_record, resolve_model
+from ..models import ModelCoordinates, PartitionedModel, describe_priors, model_record, parameter_names, resolve_model
 from ..io import nexus_trees_header
-from ._mc3 import MC3Settings, MOVES, Posterior, initial_state, run_block, state_from_numpy, state_to_numpy
+from ._mc3 import MC3Settings, MOVES, Posterior, initial_state, run_block
 from ._mc3_summary import RunSamples, asdsf, consensus_newick, convergence, split_frequencies, tree_newick
 
 
@@ -102,40 +99,33 @@ def mc3(
     taxa = tuple(alignment.taxa)
     posterior, state = starting_state(alignment, model, settings, seed, priors, precision, prior_only, mesh)
     coordinates = posterior.coordinates
-    names = ["LnL", "LnPr", "TL"] + _part_length_names(coordinates.template) + _parameter_names(coordinates)
+    names = ["LnL", "LnPr", "TL"] + _part_length_names(coordinates.template) + parameter_names(coordinates)
     record = {"alignment": alignment_digest(alignment), "model": model_record(model), "seed": seed, "precision": precision,
               "priors": describe_priors(priors), "prior_only": prior_only,
               "settings": {k: str(v) for k, v in asdict(settings).items()}}
     files = _OutputFiles(out, settings.runs, taxa, names)
     samples = [RunSamples() for _ in range(settings.runs)]
     trace: list = []
-    checkpoint = None if out is None else Path(out) / "checkpoint.pkl"
-    if checkpoint is not None:
-        _check_run_folder(Path(out), resume)
-    if resume:
-        saved = load_checkpoint(checkpoint, record)
-        state, trace = place_batch(state_from_numpy(saved["state"], state), mesh), saved["trace"]
+    run = BlockRun(None if out is None else Path(out) / "checkpoint.pkl", record, files.paths(), stop)
+    if (saved := run.open(resume)) is not None:
+        state, trace = place_batch(from_numpy(saved["state"], state), mesh), saved["trace"]
         samples = [RunSamples.from_plain(plain) for plain in saved["samples"]]
-        files.truncate(saved["sizes"])
     else:
         files.start()
 
-    def save():
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, {"state": state_to_numpy(state), "samples": [s.to_plain() for s in samples],
-                                         "trace": trace,
-                                         "sizes": files.sizes()}, record)
+    def payload():
+        return {"state": to_numpy(state), "samples": [s.to_plain() for s in samples], "trace": trace}
 
     total = settings.generations // settings.sample_every
     began = time.perf_counter()
     while len(samples[0].generations) < total and not _converged(trace, settings):
-        stop_point(stop, save, checkpoint, f"after {int(state.generation)} generations")
+        run.stop_point(payload, f"after {int(state.generation)} generations")
         count = min(settings.block, total - len(samples[0].generations))
         state, block = run_block(state, posterior, settings, np.int32(count))
         block = jax.tree.map(to_host, block)  # under jax.distributed: every process reads all of it
         _collect(block, count, int(state.generation), settings, coordinates, taxa, samples, files)
         trace.append((int(state.generation), asdsf(samples, settings.burnin, settings.min_split_frequency)))
-        save()
+        run.save(payload())
         if progress is not None:
             progress(trace[-1][0], [s.columns[-1][0] for s in samples], trace[-1][1])
     result = _result(state, samples, names, settings, trace, taxa, time.perf_counter() - began)
@@ -167,38 +157,8 @@ def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int
     return posterior, place_batch(initial_state(trees, place_batch(params, mesh), posterior, settings, seed), mesh)
 
 
-def describe_priors(priors: dict | None) -> dict:
-    """A description of the prior replacements that is the same in every process (for the checkpoint's
-    settings): each distribution's class, parameters and transforms, not its address."""
-    def describe(d):
-        if callable(d) and not isinstance(d, dist.Distribution):
-            d = d(None)
-        if isinstance(d, dist.TransformedDistribution):
-            return {"base": describe(d.base_dist), "transforms": [type(t).__name__ for t in d.transforms]}
-        return {"type": type(d).__name__, **{k: np.asarray(getattr(d, k)).tolist() for k in sorted(d.arg_constraints)
-                                             if hasattr(d, k)}}
-    return {name: describe(d) for name, d in sorted((priors or {}).items())}
-
-
 def _converged(trace, settings: MC3Settings) -> bool:
     return settings.stop_asdsf is not None and bool(trace) and trace[-1][1] < settings.stop_asdsf
-
-
-def _check_run_folder(out: Path, resume: bool) -> None:
-    if resume and not (out / "checkpoint.pkl").exists():
-        raise InputError(f"{out}: nothing to resume (no checkpoint.pkl)")
-    if not resume and (out / "checkpoint.pkl").exists():
-        raise InputError(f"{out} holds a run: continue it with --resume, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-
-
-def _parameter_names(coordinates: ModelCoordinates) -> list[str]:
-    values = coordinates.named_values(coordinates.start())
-    names = []
-    for name, value in sorted(values.items()):  # sorted, as the vmapped values come back in `_collect`
-        size = int(np.size(value))
-        names += [name] if size == 1 else [f"{name}.{i + 1}" for i in range(size)]
-    return names
 
 
 def _part_length_names(model) -> list[str]:
@@ -257,14 +217,6 @@ class _OutputFiles:
         for path in self.paths():
             header = nexus_trees_header(self.taxa) if path.suffix == ".trees" else "Gen\t" + "\t".join(self.names) + "\n"
             path.write_text(header)
-
-    def sizes(self) -> list[int]:
-        return [path.stat().st_size for path in self.paths()]
-
-    def truncate(self, sizes: list[int]) -> None:
-        for path, size in zip(self.paths(), sizes):
-            with open(path, "r+b") as handle:
-                handle.truncate(size)
 
     def write_sample(self, run, generation, parent, lengths, values) -> None:
         if self.out is None:

@@ -12,9 +12,9 @@ from ._partitioned import (
 )
 from ._parameters import (
     MAX_LENGTH, MIN_LENGTH, ModelCoordinates, estimate_sets, lengths_from_unconstrained, lengths_to_unconstrained,
-    ml_estimated, resolve_model, unconstrain,
+    ml_estimated, parameter_names, resolve_model, unconstrain,
 )
-from ._priors import MRBAYES_PRIORS, default_priors, initial_values, sample_model
+from ._priors import MRBAYES_PRIORS, default_priors, describe_priors, initial_values, sample_model
 from ._simulate import simulate
 from ._rates import (
     DiscreteGamma, FreeRates, InvariantSites, RateVariation, UniformRates, discrete_gamma_rates, median_gamma_rates,
@@ -29,5 +29,5 @@ __all__ = [
     "PartitionedModel", "PartsEstimated", "partitioned_model", "part_alignments", "split_alignment", "LINKS",
     "simulate", "ModelCoordinates", "unconstrain", "estimate_sets", "lengths_from_unconstrained",
     "lengths_to_unconstrained", "MAX_LENGTH", "MIN_LENGTH", "MRBAYES_PRIORS", "default_priors", "initial_values",
-    "sample_model", "empirical_matrix", "ml_estimated", "resolve_model", "model_record", "discrete_gamma_rates", "median_gamma_rates",
+    "sample_model", "empirical_matrix", "ml_estimated", "resolve_model", "parameter_names", "describe_priors", "model_record", "discrete_gamma_rates", "median_gamma_rates",
 ]

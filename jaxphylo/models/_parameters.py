@@ -23,6 +23,7 @@ from collections.abc import Iterable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 from numpyro import handlers
 from numpyro.distributions import biject_to, constraints
@@ -232,3 +233,13 @@ def resolve_model(model: str | Model | PartitionedModel, alignment: Alignment, e
         raise ModelError(f"model must be a model string or a Model, not {type(model).__name__}")
     parsed = parse_model(model, alignment=alignment)
     return parsed, ml_estimated(model) if estimate is None else frozenset(estimate)
+
+
+def parameter_names(coordinates: ModelCoordinates) -> list[str]:
+    """Log column names of the free parameters: a vector's entries as `name.1`, `name.2`, ..., sorted by name."""
+    values = coordinates.named_values(coordinates.start())
+    names = []
+    for name, value in sorted(values.items()):  # sorted, as the vmapped values come back in `_collect`
+        size = int(np.size(value))
+        names += [name] if size == 1 else [f"{name}.{i + 1}" for i in range(size)]
+    return names

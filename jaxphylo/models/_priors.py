@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from numpyro import handlers
@@ -157,3 +158,16 @@ def initial_values(model: Model | PartitionedModel, estimated) -> dict:
         values["free_rate_weights"] = base.weights / jnp.sum(base.weights)
         values["free_rates"] = base.rates / jnp.sum(base.rates)
     return values
+
+
+def describe_priors(priors: dict | None) -> dict:
+    """A description of the prior replacements that is the same in every process (for the checkpoint's
+    settings): each distribution's class, parameters and transforms, not its address."""
+    def describe(d):
+        if callable(d) and not isinstance(d, dist.Distribution):
+            d = d(None)
+        if isinstance(d, dist.TransformedDistribution):
+            return {"base": describe(d.base_dist), "transforms": [type(t).__name__ for t in d.transforms]}
+        return {"type": type(d).__name__, **{k: np.asarray(getattr(d, k)).tolist() for k in sorted(d.arg_constraints)
+                                             if hasattr(d, k)}}
+    return {name: describe(d) for name, d in sorted((priors or {}).items())}

@@ -1,0 +1,76 @@
+"""One resumable run of blocks, whatever the blocks compute (numpyro's `MCMC` beside its kernels).
+
+A run has a record (what its results depend on: data digest, model, seed, settings), an optional
+checkpoint file, stop requests, and the output files it appends to as it goes. `BlockRun` owns what every
+run loop repeats: the folder check (a new run does not overwrite a saved one; `--resume` needs one), the
+checkpoint, read back only for the same record, the output files cut back to their lengths at the
+checkpoint, so that a resumed run ends with the bytes of one that never stopped, and the stop points
+between blocks. The caller's loop keeps only its own work: run a block, write its rows, report.
+
+    run = BlockRun(folder / "checkpoint.pkl", record, files, stop)
+    saved = run.open(resume)          # the saved payload, or None for a fresh start
+    while not done:
+        run.stop_point(payload, f"after {n} generations")
+        ...                           # one block on the device, its rows to the files
+        run.save(payload())
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from .._errors import InputError
+from ._checkpoint import NEVER, StopRequests, load_checkpoint, save_checkpoint, stop_point
+from ._mesh import to_host
+
+
+class BlockRun:
+    """The checkpoint, record, stop requests and appended output files of one run (`checkpoint` None: a run
+    kept in memory only, which can still be stopped)."""
+
+    def __init__(self, checkpoint: Path | None, record: dict, files: Sequence[Path] = (), stop: StopRequests = NEVER):
+        self.checkpoint, self.files, self.stop = checkpoint, list(files), stop
+        self.record = {**record, "layout": "payload+sizes"}  # checkpoints of the earlier layout are refused
+
+    def open(self, resume: bool):
+        """Check the run's folder; the saved payload when resuming (output files cut back to where it was
+        saved), else None (a fresh run: the caller writes the files' headers)."""
+        if self.checkpoint is None:
+            return None
+        folder = self.checkpoint.parent
+        if resume and not self.checkpoint.exists():
+            raise InputError(f"{folder}: nothing to resume (no {self.checkpoint.name})")
+        if not resume and self.checkpoint.exists():
+            raise InputError(f"{folder} holds a run: continue it with --resume, or choose another --out")
+        folder.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            return None
+        saved = load_checkpoint(self.checkpoint, self.record)
+        for path, size in zip(self.files, saved["sizes"]):
+            with open(path, "r+b") as handle:
+                handle.truncate(size)
+        return saved["payload"]
+
+    def save(self, payload: dict) -> None:
+        """Save `payload` (host values) with the output files' lengths."""
+        if self.checkpoint is not None:
+            sizes = [path.stat().st_size for path in self.files]
+            save_checkpoint(self.checkpoint, {"payload": payload, "sizes": sizes}, self.record)
+
+    def stop_point(self, payload: Callable[[], dict], where: str) -> None:
+        """Between blocks: on a stop request, save and raise `Interrupted` naming `where` the run stood."""
+        stop_point(self.stop, lambda: self.save(payload()), self.checkpoint, where)
+
+
+def to_numpy(state) -> dict:
+    """A device state (any pytree of arrays) as host arrays, for a checkpoint."""
+    return {"leaves": [to_host(x) for x in jax.tree.leaves(state)]}
+
+
+def from_numpy(saved: dict, like):
+    """The state `to_numpy` saved, in the structure of `like`."""
+    return jax.tree.unflatten(jax.tree.structure(like), [jnp.asarray(x) for x in saved["leaves"]])
