@@ -15,7 +15,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo.inference import Analysis, prepare
-from jaxphylo.runtime import load_checkpoint
+from jaxphylo.runtime import BlockRun, load_checkpoint
 from jaxphylo.inference._runner import run_nuts
 from numpyro.infer.util import log_density
 
@@ -168,9 +168,9 @@ def test_damaged_checkpoint_is_refused_in_one_line(whole_run, tmp_path):
         load_checkpoint(out / "checkpoint.pkl", {})
     settings = json.loads((reference / "run.json").read_text())
     settings.pop("samples")
-    assert load_checkpoint(reference / "checkpoint.pkl", settings)["position"] == 80  # the undamaged one loads
+    assert BlockRun(reference / "checkpoint.pkl", settings).open(True)["position"] == 80  # the undamaged one loads
     with pytest.raises(jp.InputError, match="different analysis: seed was"):
-        load_checkpoint(reference / "checkpoint.pkl", dict(settings, seed=1))
+        BlockRun(reference / "checkpoint.pkl", dict(settings, seed=1)).open(True)
 
 
 def test_sample_command_on_a_dated_time_tree(tmp_path):

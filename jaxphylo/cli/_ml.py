@@ -71,7 +71,7 @@ def run(args) -> None:
     if args.redo:
         for stale in (f"{prefix}.ckpt", f"{prefix}.boot.ckpt"):
             Path(stale).unlink(missing_ok=True)
-    ml._search.check_checkpoint(f"{prefix}.ckpt", args.resume)  # before the log of a saved run is overwritten
+    ml.search_checkpoint(f"{prefix}.ckpt").check(args.resume)  # before the log of a saved run is overwritten
     # The log holds what the run found, never how long it took, so that a rerun or a resumed run writes the same
     # bytes; times and memory go to stderr only. A resumed search replays its saved rounds into the new log.
     log_file = open(f"{prefix}.log", "w")

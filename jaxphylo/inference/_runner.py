@@ -33,16 +33,7 @@ from numpyro.distributions import Unit
 from numpyro.infer import NUTS, init_to_value
 
 from ..runtime import (
-    CheckpointError,
-    Interrupted,
-    NEVER,
-    atomic_write,
-    compare_settings,
-    load_checkpoint,
-    peak_memory_text,
-    reset_peak_resident,
-    save_checkpoint,
-    write_npz,
+    NEVER, BlockRun, CheckpointError, atomic_write, compare_settings, peak_memory_text, reset_peak_resident, write_npz,
 )
 from .._errors import InputError
 
@@ -164,9 +155,9 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
     settings = json.loads(json.dumps(dict(settings, chains=chains, warmup=warmup, block=block, seed=seed,
                                           samples=samples, chain_method=method)))  # as it reads back
     resuming = _check_run_directory(out, settings, resume)
-    checked = {k: v for k, v in settings.items() if k != "samples"}
+    run = BlockRun(out / "checkpoint.pkl", {k: v for k, v in settings.items() if k != "samples"}, stop=stop)
     total = -(-samples // block)
-    saved = load_checkpoint(out / "checkpoint.pkl", checked) if resuming else None  # refused before compiling
+    saved = run.open(resuming)  # a checkpoint of other settings is refused before anything compiles
     stepper = _stepper(model, init, warmup, method)
     state = stepper.init(jax.random.split(jax.random.PRNGKey(seed), chains), data)
     if not (np.all(np.isfinite(np.asarray(state.potential_energy)))
@@ -183,12 +174,14 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
         log(f"# warmup: {chains} chains x {warmup} iterations ({method})")
     bar = _progress_bar(progress, warmup + total * block, position)
     last_save, chunk = time.monotonic(), 1
+
+    def payload():
+        return {"position": position, "state": [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))],
+                "pending": pending}
+
     try:
         while position < warmup + total * block:
-            if (reason := stop.reason) is not None:
-                _save(out, checked, state, position, pending)
-                raise Interrupted(f"{reason}: run saved in {out} after {position} iterations; "
-                                  f"continue it with the same command and --resume")
+            run.stop_point(payload, f"after {position} iterations")
             boundary = warmup if position < warmup else warmup + block * ((position - warmup) // block + 1)
             n = min(chunk, boundary - position)
             began = time.monotonic()
@@ -205,16 +198,16 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
                 divergent = int(pending[1]["diverging"].sum())
                 _write_block(out, index, stepper, data, model, *pending)
                 pending = None
-                _save(out, checked, state, position, pending)
+                run.save(payload())
                 last_save = time.monotonic()
                 log(f"# block {index + 1}/{total} saved: {block} draws x {chains} chains, {divergent} divergent; "
                     f"peak memory so far: {peak_memory_text()}")
             elif time.monotonic() - last_save > SAVE_EVERY:
-                _save(out, checked, state, position, pending)
+                run.save(payload())
                 last_save = time.monotonic()
     finally:
         bar(None)
-    _save(out, checked, state, position, pending)  # the same bytes as the last block's save, or warmup's
+    run.save(payload())  # the same bytes as the last block's save, or warmup's
     log(f"# peak memory while sampling: {peak_memory_text()}")
     return load_draws(out, total)
 
@@ -250,11 +243,6 @@ def _append(pending, chunk):
         return chunk
     join = lambda a, b: np.concatenate([a, b], axis=1)
     return jax.tree.map(join, pending[0], chunk[0]), {k: join(pending[1][k], chunk[1][k]) for k in pending[1]}
-
-
-def _save(out: Path, settings: dict, state, position: int, pending) -> None:
-    leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
-    save_checkpoint(out / "checkpoint.pkl", {"position": position, "state": leaves, "pending": pending}, settings)
 
 
 def _write_block(out: Path, index: int, stepper: ChainStepper, data, model, z, stats) -> None:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -36,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment, distances
-from ..runtime import NEVER, alignment_digest, load_checkpoint, place_batch, save_checkpoint, stop_point
+from ..runtime import NEVER, BlockRun, alignment_digest, place_batch
 from .._errors import InputError
 from ..tree import (
     Tree,
@@ -445,22 +444,25 @@ def search(
     """
     settings = settings or SearchSettings()
     record = _search_record(alignment, model, start, starts, seed, settings, precision)
-    saved = _resumed(checkpoint, resume, record)
+    blocks = search_checkpoint(checkpoint, record, stop)
+    saved = blocks.open(resume)
     run = _SearchRun(alignment, model, start, starts, seed, settings, precision, progress, mesh)
     if saved is not None:
         run.restore(saved)
         for entry in run.trace if progress is not None else ():
             progress(*entry, None)
-
-    def save():
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, run.state(), record)
-
     while run.stage != "final":
-        stop_point(stop, save, checkpoint, f"after {len(run.trace)} rounds")
+        blocks.stop_point(run.state, f"after {len(run.trace)} rounds")
         if run.advance():
-            save()
+            blocks.save(run.state())
     return run.result()
+
+
+def search_checkpoint(checkpoint, record: dict | None = None, stop=NEVER) -> BlockRun:
+    """The block run of a search saved at `checkpoint` (`check(resume)` before its log is overwritten)."""
+    return BlockRun(checkpoint, record or {}, stop=stop,
+                    occupied=f"{checkpoint} holds a saved search: continue it with --resume, start afresh with "
+                             f"--redo, or choose another prefix")
 
 
 class _SearchRun:
@@ -609,21 +611,3 @@ def _search_record(alignment, model, start, starts, seed, settings, precision) -
                                      np.asarray(start.branch_lengths).tolist())).encode()).hexdigest()
     return {"alignment": data, "model": model_record(model), "start": start, "starts": starts, "seed": seed,
             "settings": {k: str(v) for k, v in asdict(settings).items()}, "precision": precision}
-
-
-def check_checkpoint(checkpoint, resume: bool) -> None:
-    """A saved search must be resumed, or removed; a resume needs one."""
-    path = Path(checkpoint)
-    if not resume and path.exists():
-        raise InputError(f"{path} holds a saved search: continue it with --resume, start afresh with --redo, "
-                         f"or choose another prefix")
-    if resume and not path.exists():
-        raise InputError(f"{path}: nothing to resume")
-
-
-def _resumed(checkpoint, resume: bool, record: dict):
-    """The saved search to continue, or None."""
-    if checkpoint is None:
-        return None
-    check_checkpoint(checkpoint, resume)
-    return load_checkpoint(checkpoint, record) if resume else None

@@ -22,14 +22,13 @@ that contain the split.
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment, distances
-from ..runtime import NEVER, alignment_digest, load_checkpoint, place_batch, save_checkpoint, stop_point
+from ..runtime import NEVER, BlockRun, alignment_digest, place_batch
 from ..tree import Topology, Tree, TreeBatch, bionj, fixed_branches, kernel_batch, kernel_splits, phase_widths, splits
 from ..likelihood import (
     PRECISIONS, kernel_tree_lengths, max_step_width, place_data, search_data, search_lengths, search_template,
@@ -167,28 +166,26 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
               "model": [np.asarray(x).tolist() for x in jax.tree.leaves(result.model)],
               "replicates": replicates, "seed": seed, "precision": precision, "batch": BOOTSTRAP_BATCH,
               "settings": {k: str(v) for k, v in asdict(settings).items()}}
-    saved = {"done": [], "climb": None}
-    if checkpoint is not None and Path(checkpoint).exists():
-        saved = load_checkpoint(checkpoint, record)
+    run = BlockRun(checkpoint, record, stop=stop)
+    saved = run.open(None) or {"done": [], "climb": None}  # a saved bootstrap for the same inputs continues
     done, climb = saved["done"], saved["climb"]
 
-    def save():
-        save_checkpoint(checkpoint, {"done": done, "climb": None if climb is None else climb.state()}, record)
+    def payload():
+        return {"done": done, "climb": None if climb is None else climb.state()}
 
     for first in range(len(done), replicates, BOOTSTRAP_BATCH):
         rows = columns[first: first + BOOTSTRAP_BATCH]
         where = f"after {len(done)} of {replicates} replicates"
-        stop_point(stop, save, checkpoint, where)
+        run.stop_point(payload, where)
         climb = Climb(**climb) if climb is not None else _replicate_starts(resampling, result, rows, settings,
                                                                            precision, mesh)
         problem = _replicate_problem(resampling, result, rows, settings, precision, mesh)
         while not climb.done:
-            stop_point(stop, save, checkpoint, where)
+            run.stop_point(payload, where)
             climb.step(lambda _: problem, settings, (lambda best: progress(best)) if progress else None)
         trees = [searched_result(p, l, tuple(alignment.taxa), problem.model)[0] for p, l in zip(*climb.batch[:2])]
         done, climb = done + [(list(t.topology.parent), np.asarray(t.branch_lengths)) for t in trees], None
-        if checkpoint is not None:
-            save()
+        run.save(payload())
     trees = [Tree(lengths, Topology(tuple(parent), tuple(alignment.taxa), rooted=False)) for parent, lengths in done]
     found = [set(splits(t)) for t in trees]
     supports = {split: 100.0 * np.mean([split in f for f in found]) for split in splits(result.tree)}

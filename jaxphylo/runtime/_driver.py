@@ -32,21 +32,34 @@ class BlockRun:
     """The checkpoint, record, stop requests and appended output files of one run (`checkpoint` None: a run
     kept in memory only, which can still be stopped)."""
 
-    def __init__(self, checkpoint: Path | None, record: dict, files: Sequence[Path] = (), stop: StopRequests = NEVER):
-        self.checkpoint, self.files, self.stop = checkpoint, list(files), stop
+    def __init__(self, checkpoint: Path | str | None, record: dict, files: Sequence[Path] = (),
+                 stop: StopRequests = NEVER, occupied: str | None = None):
+        """`occupied`: the error for a saved run found where a fresh one was asked for (default: a run folder's,
+        naming `--resume` and `--out`); `open(None)` continues a saved run without asking."""
+        self.checkpoint = None if checkpoint is None else Path(checkpoint)
+        self.files, self.stop = list(files), stop
         self.record = {**record, "layout": "payload+sizes"}  # checkpoints of the earlier layout are refused
+        self.occupied = occupied
 
-    def open(self, resume: bool):
-        """Check the run's folder; the saved payload when resuming (output files cut back to where it was
-        saved), else None (a fresh run: the caller writes the files' headers)."""
+    def check(self, resume: bool) -> None:
+        """A fresh run must not overwrite a saved one, and a resumed run needs one."""
+        if self.checkpoint is None:
+            return
+        if resume and not self.checkpoint.exists():
+            raise InputError(f"{self.checkpoint}: nothing to resume")
+        if not resume and self.checkpoint.exists():
+            raise InputError(self.occupied or f"{self.checkpoint.parent} holds a run: continue it with --resume, "
+                                              f"or choose another --out")
+
+    def open(self, resume: bool | None):
+        """The saved payload when resuming (output files cut back to where it was saved), else None (a fresh
+        run: the caller writes the files' headers). `resume=None`: resume whatever is saved, if anything."""
         if self.checkpoint is None:
             return None
-        folder = self.checkpoint.parent
-        if resume and not self.checkpoint.exists():
-            raise InputError(f"{folder}: nothing to resume (no {self.checkpoint.name})")
-        if not resume and self.checkpoint.exists():
-            raise InputError(f"{folder} holds a run: continue it with --resume, or choose another --out")
-        folder.mkdir(parents=True, exist_ok=True)
+        if resume is None:
+            resume = self.checkpoint.exists()
+        self.check(resume)
+        self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
         if not resume:
             return None
         saved = load_checkpoint(self.checkpoint, self.record)
