@@ -12,8 +12,9 @@ from numpyro.infer import MCMC, NUTS, init_to_value
 
 import jaxphylo as jp
 from jaxphylo.inference import Analysis, branch_durations, prepare, ratios_to_heights, time_tree
-from jaxphylo.inference._dated_mcmc import (DatedPosterior, DatedSettings, initial_state, node_anchors,
-                                            ratio_coordinates, ratio_heights, ratio_log_jacobian, run_block)
+from jaxphylo.inference._dated_mcmc import DatedPosterior, DatedSettings, initial_state, run_block
+from jaxphylo.tree import anchors_on as node_anchors, ratio_coordinates_on as ratio_coordinates, \
+    ratio_heights_on as ratio_heights, ratio_log_jacobian_on as ratio_log_jacobian
 from jaxphylo.inference._dated_run import dated_mcmc
 from jaxphylo.inference._time_tree_summary import clade_masks
 from jaxphylo.models import ModelCoordinates

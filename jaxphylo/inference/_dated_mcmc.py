@@ -19,7 +19,7 @@ every continuous parameter of every chain by HMC with the topology fixed, as
 BEAST X alternates its HMC and topology kernels.
 
 HMC moves node heights in the ratio coordinates of the current topology
-(`ratio_coordinates`): `z_root = log(h_root - l_root)` and
+(`jaxphylo.tree.ratio_coordinates_on`): `z_root = log(h_root - l_root)` and
 `z_i = logit((h_i - l_i) / (h_parent(i) - l_i))`, `l_i` the oldest tip
 below `i` (Ji et al. 2021), with log-Jacobian
 
@@ -47,15 +47,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import gammaln
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 from numpyro.infer.util import potential_energy
 
 from .._errors import InputError
 from ..likelihood import batch_pattern_log_likelihoods
+from ..tree import anchors_on, ratio_coordinates_on, ratio_heights_on, ratio_log_jacobian_on
 from ..models import ModelCoordinates, sample_model
 from ._base import check_moves, draw_moves, metropolis_hastings, mixture, robbins_monro, tally, where
 from ._hmc_move import HMC_START_STEP, HMC_TARGET_ACCEPTANCE, leapfrog_trajectory
-from ._time_tree_moves import ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, ancestors_of, propose_time_tree
+from ._time_tree_moves import ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, propose_time_tree
 from ._tree_priors import birth_death_times_log_density, coalescent_times_log_density
 
 DATED_MOVES = TIME_TREE_MOVES + ("hmc",)
@@ -91,51 +92,6 @@ class DatedSettings:
 
     def weights(self) -> Float[Array, " moves"]:
         return jnp.asarray([dict(self.moves).get(name, 0.0) for name in DATED_MOVES])
-
-
-def node_anchors(parents: Int[Array, "M"], tip_heights: Float[Array, " tips"]) -> Float[Array, "M"]:  # noqa: F821
-    """`l_v`: the oldest tip height below every node (a tip's own), from each tip's ancestors."""
-    n = tip_heights.shape[0]
-    above = jax.vmap(ancestors_of, in_axes=(None, 0))(parents, jnp.arange(n))  # [tips, M]
-    return jnp.max(jnp.where(above, tip_heights[:, None], -jnp.inf), axis=0)
-
-
-def ratio_heights(parents: Int[Array, "M"], anchors: Float[Array, "M"], z: Float[Array, "M"], num_tips: int):
-    """Node heights from ratio coordinates `z` (tips' entries unused): `h = l + u`, `u_root = exp(z_root)`,
-    `u_i = r_i (u_parent + l_parent - l_i)`, composed up to the root by pointer jumping."""
-    m = parents.shape[0]
-    node = jnp.arange(m)
-    is_root, is_tip = parents < 0, node < num_tips
-    jump = jnp.where(is_root, node, parents)
-    r = jax.nn.sigmoid(z)
-    scale = jnp.where(is_tip, 0.0, jnp.where(is_root, 1.0, r))
-    shift = jnp.where(is_tip | is_root, 0.0, r * (anchors[jump] - anchors))
-    for _ in range(max(1, (m - 1).bit_length())):
-        shift = scale * shift[jump] + shift
-        scale = scale * scale[jump]
-        jump = jump[jump]
-    return anchors + scale * jnp.exp(z[jnp.argmin(parents)]) + shift
-
-
-def ratio_coordinates(parents: Int[Array, "M"], anchors: Float[Array, "M"], heights: Float[Array, "M"],
-                      num_tips: int) -> Float[Array, "M"]:
-    """The inverse of `ratio_heights` (tips' entries 0)."""
-    node = jnp.arange(parents.shape[0])
-    root = jnp.argmin(parents)
-    above = heights[jnp.maximum(parents, 0)]
-    z = jax.scipy.special.logit((heights - anchors) / (above - anchors))
-    z = jnp.where(node < num_tips, 0.0, z)
-    return z.at[root].set(jnp.log(heights[root] - anchors[root]))
-
-
-def ratio_log_jacobian(parents, anchors, heights, z, num_tips: int) -> Float[Array, ""]:
-    node = jnp.arange(parents.shape[0])
-    inner = (node >= num_tips) & (parents >= 0)
-    # the root and tips are masked before the log: `log(0)` there (tip 0 the oldest, as with contemporaneous
-    # tips) would make the gradient NaN even where the value is dropped
-    span = jnp.where(inner, heights[jnp.maximum(parents, 0)] - anchors, 1.0)
-    terms = jnp.log(span) + jax.nn.log_sigmoid(z) + jax.nn.log_sigmoid(-z)
-    return jnp.sum(jnp.where(inner, terms, 0.0)) + z[jnp.argmin(parents)]
 
 
 class DatedState(eqx.Module):
@@ -264,8 +220,8 @@ def hmc_move(key, state: DatedState, posterior: DatedPosterior, settings: DatedS
     after tuning the mass is fixed, so the kernel is a fixed HMC kernel.
     """
     n = posterior.num_tips
-    jacobian = jax.vmap(lambda p, a, h, z: ratio_log_jacobian(p, a, h, z, n))
-    anchors_of = jax.vmap(node_anchors)
+    jacobian = jax.vmap(lambda p, a, h, z: ratio_log_jacobian_on(p, a, h, z, n))
+    anchors_of = jax.vmap(anchors_on)
     internal = jnp.arange(state.parents.shape[1]) >= n
     low, high = posterior.tip_bounds
 
@@ -273,7 +229,7 @@ def hmc_move(key, state: DatedState, posterior: DatedPosterior, settings: DatedS
         z, tip_z, params = theta
         tips = state.heights[:, :n].at[:, posterior.free_tips].set(low + (high - low) * jax.nn.sigmoid(tip_z))
         anchors = anchors_of(state.parents, tips)
-        heights = jax.vmap(lambda p, a, z: ratio_heights(p, a, z, n))(state.parents, anchors, z)
+        heights = jax.vmap(lambda p, a, z: ratio_heights_on(p, a, z, n))(state.parents, anchors, z)
         tip_jacobian = jnp.sum(jnp.log(high - low) + jax.nn.log_sigmoid(tip_z) + jax.nn.log_sigmoid(-tip_z), -1)
         return heights, params, jacobian(state.parents, anchors, heights, z) + tip_jacobian
 
@@ -282,7 +238,7 @@ def hmc_move(key, state: DatedState, posterior: DatedPosterior, settings: DatedS
         return sum(posterior.log_posteriors(state.parents, heights, params)) + log_jacobian
 
     anchors = anchors_of(state.parents, state.heights[:, :n])
-    z = jax.vmap(lambda p, a, h: ratio_coordinates(p, a, h, n))(state.parents, anchors, state.heights)
+    z = jax.vmap(lambda p, a, h: ratio_coordinates_on(p, a, h, n))(state.parents, anchors, state.heights)
     free = state.heights[:, posterior.free_tips]
     theta = (z, jax.scipy.special.logit((free - low) / (high - low)), state.params)
     mass = _adapted_mass(state.mass, theta, settings.adapt_mass & (state.generation < settings.tune_generations))

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from ..tree import ancestors_of, jump_rounds, jumps
 from ._base import uniform_choice
 from ._tree_moves import children
 
@@ -42,31 +43,12 @@ def _other_child(kids: Int[Array, "M 2"], parent, child) -> Int[Array, ""]:
     return jnp.where(pair[0] == child, pair[1], pair[0])
 
 
-def _jumps(parents: Int[Array, "M"]) -> Int[Array, "M"]:
-    """The parent of every node, the root (and detached nodes, parent -1) pointing at themselves."""
-    return jnp.where(parents >= 0, parents, jnp.arange(parents.shape[0]))
-
-
-def _rounds(m: int) -> int:
-    return max(1, (m - 1).bit_length())
-
-
 def in_subtree(parents: Int[Array, "M"], node) -> Bool[Array, "M"]:
     """`node` is an ancestor-or-self of each node: OR over ancestors at distance `< 2^r` after round `r`."""
     flag = jnp.arange(parents.shape[0]) == node
-    jump = _jumps(parents)
-    for _ in range(_rounds(parents.shape[0])):
+    jump = jumps(parents)
+    for _ in range(jump_rounds(parents.shape[0])):
         flag = flag | flag[jump]
-        jump = jump[jump]
-    return flag
-
-
-def ancestors_of(parents: Int[Array, "M"], node) -> Bool[Array, "M"]:
-    """Each node is an ancestor-or-self of `node`: the set `{parent^k(node)}` grows by `parent^(2^r)` of itself."""
-    flag = jnp.arange(parents.shape[0]) == node
-    jump = _jumps(parents)
-    for _ in range(_rounds(parents.shape[0])):
-        flag = flag.at[jump].max(flag)
         jump = jump[jump]
     return flag
 

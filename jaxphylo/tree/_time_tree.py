@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from .._errors import InputError
 from ._topology import Topology, Tree
@@ -193,10 +193,24 @@ def ratios_to_heights(
     # u_i = scale_i * u_(ancestor) + shift_i, starting from the parent; the root maps to itself
     scale = jnp.concatenate([ratios, jnp.ones(1, ratios.dtype)])
     shift = jnp.concatenate([ratios * (anchors[tree.internal_parent[:-1]] - anchors[:-1]), jnp.zeros(1, ratios.dtype)])
-    for ancestor in tree.ancestors:
+    scale, shift = _compose_to_root(scale, shift, tree.ancestors)
+    return anchors + scale * root_offset + shift
+
+
+def _compose_to_root(scale, shift, ancestors):
+    """Pointer jumping of the affine maps `u -> scale u + shift` up the tree: after the rounds (`ancestors[r]`
+    the node `2^r` generations up, the root its own), every node's map composed with all its ancestors'."""
+    for ancestor in ancestors:
         shift = scale * shift[ancestor] + shift
         scale = scale * scale[ancestor]
-    return anchors + scale * root_offset + shift
+    return scale, shift
+
+
+def _doubling(jump, rounds: int):
+    """`jump`, `jump[jump]`, ...: the ancestors `2^r` generations up, for `rounds` rounds, on the device."""
+    for _ in range(rounds):
+        yield jump
+        jump = jump[jump]
 
 
 def heights_to_ratios(tree: TimeTree, heights: Float[Array, " internal"], tips: Float[Array, " tips"] | None = None):
@@ -298,3 +312,69 @@ def _raise_above_children(heights: np.ndarray, parent: np.ndarray) -> np.ndarray
     for node in range(len(parent) - 1):  # children precede parents, so each is final when used
         heights[parent[node]] = max(heights[parent[node]], heights[node] + step)
     return heights
+
+
+# ---- The same transform with the topology as data (parents `[M]` on the device, moved by MCMC): every node
+# ---- indexed as in the parent array, ratios in logit coordinates `z`, the root's offset as its log.
+
+
+def jumps(parents: Int[Array, "M"]) -> Int[Array, "M"]:  # noqa: F821
+    """The parent of every node, the root (and detached nodes, parent -1) pointing at themselves."""
+    return jnp.where(parents >= 0, parents, jnp.arange(parents.shape[0]))
+
+
+def jump_rounds(m: int) -> int:
+    """Pointer-jumping rounds that reach the root from any of `m` nodes."""
+    return max(1, (m - 1).bit_length())
+
+
+def ancestors_of(parents: Int[Array, "M"], node) -> Bool[Array, "M"]:  # noqa: F821
+    """Each node is an ancestor-or-self of `node`: the set `{parent^k(node)}` grows by `parent^(2^r)` of itself."""
+    flag = jnp.arange(parents.shape[0]) == node
+    for jump in _doubling(jumps(parents), jump_rounds(parents.shape[0])):
+        flag = flag.at[jump].max(flag)
+    return flag
+
+
+def anchors_on(parents: Int[Array, "M"], tip_heights: Float[Array, " tips"]) -> Float[Array, "M"]:  # noqa: F821
+    """`l_v`: the oldest tip height below every node (a tip's own), from each tip's ancestors."""
+    n = tip_heights.shape[0]
+    above = jax.vmap(ancestors_of, in_axes=(None, 0))(parents, jnp.arange(n))  # [tips, M]
+    return jnp.max(jnp.where(above, tip_heights[:, None], -jnp.inf), axis=0)
+
+
+def ratio_heights_on(parents: Int[Array, "M"], anchors: Float[Array, "M"], z: Float[Array, "M"],  # noqa: F821
+                     num_tips: int) -> Float[Array, "M"]:  # noqa: F821
+    """Node heights from ratio coordinates `z` (tips' entries unused): `h = l + u`, `u_root = exp(z_root)`,
+    `u_i = r_i (u_parent + l_parent - l_i)` with `r_i = sigmoid(z_i)`, composed up to the root."""
+    m = parents.shape[0]
+    node = jnp.arange(m)
+    is_root, is_tip = parents < 0, node < num_tips
+    jump = jnp.where(is_root, node, parents)
+    r = jax.nn.sigmoid(z)
+    scale = jnp.where(is_tip, 0.0, jnp.where(is_root, 1.0, r))
+    shift = jnp.where(is_tip | is_root, 0.0, r * (anchors[jump] - anchors))
+    scale, shift = _compose_to_root(scale, shift, _doubling(jump, jump_rounds(m)))
+    return anchors + scale * jnp.exp(z[jnp.argmin(parents)]) + shift
+
+
+def ratio_coordinates_on(parents: Int[Array, "M"], anchors: Float[Array, "M"], heights: Float[Array, "M"],  # noqa: F821
+                         num_tips: int) -> Float[Array, "M"]:  # noqa: F821
+    """The inverse of `ratio_heights_on` (tips' entries 0)."""
+    node = jnp.arange(parents.shape[0])
+    root = jnp.argmin(parents)
+    above = heights[jnp.maximum(parents, 0)]
+    z = jax.scipy.special.logit((heights - anchors) / (above - anchors))
+    z = jnp.where(node < num_tips, 0.0, z)
+    return z.at[root].set(jnp.log(heights[root] - anchors[root]))
+
+
+def ratio_log_jacobian_on(parents, anchors, heights, z, num_tips: int) -> Float[Array, ""]:
+    """`log |dh/dz| = z_root + sum_(i not root) [log(h_parent(i) - l_i) + log r_i + log(1 - r_i)]`."""
+    node = jnp.arange(parents.shape[0])
+    inner = (node >= num_tips) & (parents >= 0)
+    # the root and tips are masked before the log: `log(0)` there (tip 0 the oldest, as with contemporaneous
+    # tips) would make the gradient NaN even where the value is dropped
+    span = jnp.where(inner, heights[jnp.maximum(parents, 0)] - anchors, 1.0)
+    terms = jnp.log(span) + jax.nn.log_sigmoid(z) + jax.nn.log_sigmoid(-z)
+    return jnp.sum(jnp.where(inner, terms, 0.0)) + z[jnp.argmin(parents)]
