@@ -37,8 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxphylo as jp  # noqa: E402
 from _common import SHARED_DATA, device_record, save  # noqa: E402
-from jaxphylo.inference._mc3 import MC3Settings, run_block  # noqa: E402
-from jaxphylo.inference._mc3_run import starting_state  # noqa: E402
+from jaxphylo.inference.mc3 import MC3Settings, run_block, starting_state  # noqa: E402
 from jaxphylo.models import MRBAYES_PRIORS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,11 +12,9 @@ from numpyro.infer import MCMC, NUTS, init_to_value
 
 import jaxphylo as jp
 from jaxphylo.inference import Analysis, branch_durations, prepare, ratios_to_heights, time_tree
-from jaxphylo.inference._dated_mcmc import DatedPosterior, DatedSettings, initial_state, run_block
+from jaxphylo.inference.dated import DatedPosterior, DatedSettings, clade_masks, dated_mcmc, initial_state, run_block
 from jaxphylo.tree import anchors_on as node_anchors, ratio_coordinates_on as ratio_coordinates, \
     ratio_heights_on as ratio_heights, ratio_log_jacobian_on as ratio_log_jacobian
-from jaxphylo.inference._dated_run import dated_mcmc
-from jaxphylo.inference._time_tree_summary import clade_masks
 from jaxphylo.models import ModelCoordinates
 
 TIPS = np.array([0.0, 0.5, 1.0, 0.2])  # four tips sampled through time
@@ -224,7 +222,7 @@ def test_free_topology_posterior_agrees_with_nuts_on_the_true_topology():
         a, b = nuts[name], free[name].ravel()
         error = np.hypot(a.std() / np.sqrt(len(a) / 3), b.std() / np.sqrt(ess[column]))  # NUTS ESS ~ n/3 or more
         assert abs(np.median(a) - np.median(b)) < 4 * error, (name, np.median(a), np.median(b), error)
-    from jaxphylo.inference._time_tree_summary import clade_frequencies
+    from jaxphylo.inference.dated import clade_frequencies
 
     frequency = clade_frequencies(result.samples.kept_trees(0.1))
     parent = tree.topology.parent_array
@@ -293,7 +291,7 @@ def test_a_given_start_tree_is_renumbered_to_the_alignment():
     """A start tree whose taxa come in another order than the alignment's: the sampler's arrays put every tip
     at its own height and keep the tree's clades and node heights; another taxon set is a one-line error."""
     from jaxphylo._errors import InputError
-    from jaxphylo.inference._dated_run import _given_start
+    from jaxphylo.inference.dated import _given_start
 
     alignment, tree, tips, time = _dated_data(50)
     order = [3, 0, 5, 1, 4, 2]
@@ -345,7 +343,7 @@ def test_sample_with_a_yule_or_birth_death_prior(tmp_path, capsys):
     a Tracer log with `yule.birthRate`; birth–death logs BEAST's `birthDeath.BminusDRate` and
     `birthDeath.DoverB`; tips of different ages are refused in one line naming --tree-prior, before a dry run."""
     from jaxphylo import cli
-    from jaxphylo.inference._dated_run import _column_names
+    from jaxphylo.inference.dated import _column_names
 
     alignment, _, tips, _ = _dated_data(200)
     aln = tmp_path / "aln.fasta"
@@ -377,7 +375,7 @@ def test_summary_tree_with_a_child_above_its_parent_is_valid_newick():
 
     from Bio import Phylo
 
-    from jaxphylo.inference._time_tree_summary import time_tree_newick
+    from jaxphylo.inference.dated import time_tree_newick
 
     parents = np.array([4, 4, 5, 6, 5, 6, -1])  # ((0,1)4,2)5,3)6
     heights = np.array([0.0, 0.0, 0.0, 0.0, 2.0, 1.5, 3.0])  # node 4 above its parent 5

@@ -116,7 +116,7 @@ def test_non_finite_proposals_are_rejected_as_divergent_and_never_saved(tmp_path
     import numpyro
     import numpyro.distributions as dist
 
-    from jaxphylo.inference._runner import run_nuts
+    from jaxphylo.inference.nuts import run_nuts
 
     def model(data):
         x = numpyro.sample("x", dist.Normal(0.0, 1.0))

@@ -18,8 +18,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo.runtime import Interrupted
-from jaxphylo.inference._mc3 import MC3Settings
-from jaxphylo.inference._mc3_run import mc3
+from jaxphylo.inference.mc3 import MC3Settings, mc3
 from jaxphylo.tree import kernel_splits
 
 from conftest import StopAfter, sigterm_at_random_moment

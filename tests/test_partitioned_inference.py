@@ -213,9 +213,9 @@ def test_partitioned_sample_and_mcmc(genes, tmp_path):
     from numpyro.infer.util import log_density
 
     from jaxphylo.inference import Analysis, prepare
-    from jaxphylo.inference._mc3 import MC3Settings
-    from jaxphylo.inference._tree_moves import from_view
-    from jaxphylo.inference._mc3_run import starting_state
+    from jaxphylo.inference.mc3 import MC3Settings
+    from jaxphylo.inference.moves import from_view
+    from jaxphylo.inference.mc3 import starting_state
 
     truth, alignment_path, partition = genes
     alignment = jp.read_alignment(alignment_path)

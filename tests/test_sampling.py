@@ -16,7 +16,7 @@ import pytest
 import jaxphylo as jp
 from jaxphylo.inference import Analysis, prepare
 from jaxphylo.runtime import BlockRun, load_checkpoint
-from jaxphylo.inference._runner import run_nuts
+from jaxphylo.inference.nuts import run_nuts
 from numpyro.infer.util import log_density
 
 from conftest import sigterm_at_random_moment

@@ -1,5 +1,6 @@
-"""Bayesian inference: NUTS on a fixed topology (NumPyro), Metropolis-coupled MCMC over unrooted trees, and
-time trees with the topology sampled; the alignment distribution, tree parameterisations and priors, runs."""
+"""Bayesian inference: NUTS on a fixed topology (`nuts/`, NumPyro), Metropolis-coupled MCMC over unrooted trees
+(`mc3/`) and time trees with the topology sampled (`dated/`), on the moves of `moves/`, the tree priors of
+`priors/` and what every Metropolis-Hastings sampler shares (`base.py`)."""
 
 from ..likelihood import PatternData, pattern_data
 from ..models import MRBAYES_PRIORS, default_priors, initial_values, sample_model
@@ -7,16 +8,13 @@ from ..tree import (
     TimeTree, branch_durations, heights_from_tree, heights_to_ratios, node_anchors, ratio_log_jacobian,
     ratios_to_heights, start_heights, time_tree, with_sampled_tips,
 )
-from ._analysis import PRIOR_SETS, Analysis, Prepared, prepare, sample_tip_heights, unrooted
-from ._dated_mcmc import DatedSettings
-from ._dated_run import DatedResult, check_dated_inputs, dated_mcmc
-from ._dated_start import rooted_time_tree, start_time_tree
-from ._distribution import PhyloCTMC
-from ._mc3 import DEFAULT_MOVES, MC3Settings
-from ._mc3_run import MC3Result, mc3
-from ._outputs import write_outputs
-from ._runner import Draws, chunk_program, progress_printer, run_nuts
-from ._tree_priors import (
+from .nuts import (
+    PRIOR_SETS, Analysis, Draws, PhyloCTMC, Prepared, chunk_program, prepare, progress_printer, run_nuts,
+    sample_tip_heights, unrooted, write_outputs,
+)
+from .dated import DatedResult, DatedSettings, check_dated_inputs, dated_mcmc, rooted_time_tree, start_time_tree
+from .mc3 import DEFAULT_MOVES, MC3Result, MC3Settings, mc3
+from .priors import (
     BirthDeath, ConstantCoalescent, GammaDirichlet, NodeHeightPrior, NodeHeights, RatioTransform, Skygrid, Yule,
 )
 

@@ -33,9 +33,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import jaxphylo as jp  # noqa: E402
-from jaxphylo.inference._dated_mcmc import DatedSettings  # noqa: E402
-from jaxphylo.inference._dated_run import dated_mcmc  # noqa: E402
-from jaxphylo.inference._time_tree_summary import clade_frequencies, hpd  # noqa: E402
+from jaxphylo.inference.dated import DatedSettings, clade_frequencies, dated_mcmc, hpd  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[2] / "shared" / "data"

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import jaxphylo as jp
-from jaxphylo.inference._dated_start import rooted_time_tree
+from jaxphylo.inference.dated import rooted_time_tree
 
 
 def coalescent_tree(ages, theta, rng):

@@ -50,14 +50,15 @@ from jax.scipy.special import gammaln
 from jaxtyping import Array, Float
 from numpyro.infer.util import potential_energy
 
-from .._errors import InputError
-from ..likelihood import batch_pattern_log_likelihoods
-from ..tree import anchors_on, ratio_coordinates_on, ratio_heights_on, ratio_log_jacobian_on
-from ..models import ModelCoordinates, sample_model
-from ._base import check_moves, draw_moves, metropolis_hastings, mixture, robbins_monro, tally, where
-from ._hmc_move import HMC_START_STEP, HMC_TARGET_ACCEPTANCE, leapfrog_trajectory
-from ._time_tree_moves import ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, propose_time_tree
-from ._tree_priors import birth_death_times_log_density, coalescent_times_log_density
+from ..._errors import InputError
+from ...likelihood import batch_pattern_log_likelihoods
+from ...tree import anchors_on, ratio_coordinates_on, ratio_heights_on, ratio_log_jacobian_on
+from ...models import ModelCoordinates, sample_model
+from ..base import check_moves, draw_moves, metropolis_hastings, mixture, robbins_monro, tally, where
+from ..moves import (
+    HMC_START_STEP, HMC_TARGET_ACCEPTANCE, ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, leapfrog_trajectory, propose_time_tree,
+)
+from ..priors import birth_death_times_log_density, coalescent_times_log_density
 
 DATED_MOVES = TIME_TREE_MOVES + ("hmc",)
 # BEAST 1.10's default operator weights for a time tree (uniform 30 halved: HMC moves the heights too)

@@ -22,17 +22,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..data import Alignment
-from ..io import TipDates, nexus_trees_header
-from ..runtime import NEVER, BlockRun, alignment_digest, from_numpy, to_host, to_numpy
-from .._errors import InputError, ModelError
-from ..tree import Tree, phase_widths, random_topology_tree, start_heights, time_tree
-from ..likelihood import PRECISIONS, max_step_width, pattern_data
-from ..models import ModelCoordinates, describe_priors, model_record, parameter_names, resolve_model
-from ._analysis import _rate_guess
-from ._dated_mcmc import DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, initial_state, run_block
-from ._dated_start import start_time_tree
-from ._time_tree_summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
+from ...data import Alignment
+from ...io import TipDates, nexus_trees_header
+from ...runtime import NEVER, BlockRun, alignment_digest, from_numpy, to_host, to_numpy
+from ..._errors import InputError, ModelError
+from ...tree import Tree, phase_widths, random_topology_tree, start_heights, time_tree
+from ...likelihood import PRECISIONS, max_step_width, pattern_data
+from ...models import ModelCoordinates, describe_priors, model_record, parameter_names, resolve_model
+from ..nuts import rate_guess
+from ._kernel import DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, initial_state, run_block
+from ._start import start_time_tree
+from ._summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
 
 TREE_PRIORS = ("coalescent", "skygrid") + SPECIATION_PRIORS
 CLOCKS = ("strict", "relaxed")
@@ -174,11 +174,11 @@ def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior
     template, free = resolve_model(model, alignment)
     coordinates = ModelCoordinates(template, free)
     if tree is None:  # without temporal signal, the rate that puts the root one sampling span before the tips
-        fallback = _rate_guess(alignment, tips, np.array([2 * np.max(tips) + 1.0]))
+        fallback = rate_guess(alignment, tips, np.array([2 * np.max(tips) + 1.0]))
         parents, heights, rate = start_time_tree(alignment, tips, fallback)
     else:
         parents, heights = _given_start(alignment, tree, tips)
-        rate = _rate_guess(alignment, tips, np.array([heights.max()]))
+        rate = rate_guess(alignment, tips, np.array([heights.max()]))
     rate = rate if clock != "none" else 1.0
     root = float(heights.max() - tips.max())
     grid = tuple(float(x) for x in np.arange(1, intervals) * (cutoff or 1.2 * float(heights.max()))

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpyro.diagnostics import effective_sample_size, gelman_rubin
 
-from ..io import newick_string, quoted
-from ..tree import TreeBatch, kernel_splits
+from ...io import newick_string, quoted
+from ...tree import TreeBatch, kernel_splits
 
 
 @dataclass

@@ -11,10 +11,10 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 from numpyro.distributions import Distribution, constraints
 
-from ..data import Alignment
-from .._errors import InputError, ModelError
-from ..tree import Tree
-from ..likelihood import (
+from ...data import Alignment
+from ..._errors import InputError, ModelError
+from ...tree import Tree
+from ...likelihood import (
     PartitionedData,
     PatternData,
     data_log_likelihood,
@@ -23,7 +23,7 @@ from ..likelihood import (
     partitioned_data_log_likelihoods,
     pattern_data,
 )
-from ..models import Model, PartitionedModel
+from ...models import Model, PartitionedModel
 
 
 class PhyloCTMC(Distribution):

@@ -20,15 +20,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..data import Alignment
-from ..runtime import NEVER, BlockRun, alignment_digest, from_numpy, place_batch, replicate, to_host, to_numpy
-from .._errors import InputError
-from ..tree import kernel_batch, phase_widths, random_topology_tree
-from ..likelihood import PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template
-from ..models import ModelCoordinates, PartitionedModel, describe_priors, model_record, parameter_names, resolve_model
-from ..io import nexus_trees_header
-from ._mc3 import MC3Settings, MOVES, Posterior, initial_state, run_block
-from ._mc3_summary import RunSamples, asdsf, consensus_newick, convergence, split_frequencies, tree_newick
+from ...data import Alignment
+from ...runtime import NEVER, BlockRun, alignment_digest, from_numpy, place_batch, replicate, to_host, to_numpy
+from ..._errors import InputError
+from ...tree import kernel_batch, phase_widths, random_topology_tree
+from ...likelihood import PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template
+from ...models import ModelCoordinates, PartitionedModel, describe_priors, model_record, parameter_names, resolve_model
+from ...io import nexus_trees_header
+from ._kernel import MC3Settings, MOVES, Posterior, initial_state, run_block
+from ._summary import RunSamples, asdsf, consensus_newick, convergence, split_frequencies, tree_newick
 
 
 @dataclass

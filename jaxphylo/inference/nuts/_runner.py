@@ -32,10 +32,10 @@ from numpyro import handlers
 from numpyro.distributions import Unit
 from numpyro.infer import NUTS, init_to_value
 
-from ..runtime import (
+from ...runtime import (
     NEVER, BlockRun, CheckpointError, atomic_write, compare_settings, peak_memory_text, reset_peak_resident, write_npz,
 )
-from .._errors import InputError
+from ..._errors import InputError
 
 EXTRA_FIELDS = ("diverging", "num_steps", "accept_prob")
 CHUNK_MAX = 64  # iterations per device call at most (the draw buffer's length)

@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from ..tree import ancestors_of, jump_rounds, jumps
-from ._base import uniform_choice
-from ._tree_moves import children
+from ...tree import ancestors_of, jump_rounds, jumps
+from ..base import uniform_choice
+from ._unrooted import children
 
 TIME_TREE_MOVES = ("narrow_exchange", "wide_exchange", "subtree_slide", "wilson_balding", "node_height",
                    "root_height")

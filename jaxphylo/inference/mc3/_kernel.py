@@ -41,13 +41,13 @@ import jax
 import jax.numpy as jnp
 from numpyro.infer.util import potential_energy
 
-from .._errors import InputError
-from ..likelihood import batch_pattern_log_likelihoods
-from ..models import ModelCoordinates, sample_model
-from ._base import check_moves, draw_moves, metropolis_hastings, mixture, robbins_monro, tally, where
-from ._hmc_move import HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, hmc_proposal
-from ._parameter_moves import START_TUNING, propose_parameters, support_kind
-from ._tree_moves import BRANCH_MOVES, MULTIPLIER_TUNING, TOPOLOGY_MOVES, from_view, propose_tree, to_view
+from ..._errors import InputError
+from ...likelihood import batch_pattern_log_likelihoods
+from ...models import ModelCoordinates, sample_model
+from ..base import check_moves, draw_moves, metropolis_hastings, mixture, robbins_monro, tally, where
+from ..moves import (
+    BRANCH_MOVES, HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, MULTIPLIER_TUNING, START_TUNING, TOPOLOGY_MOVES, from_view, hmc_proposal, propose_parameters, propose_tree, support_kind, to_view,
+)
 
 MOVES = TOPOLOGY_MOVES + BRANCH_MOVES + ("parameters", "hmc")
 DEFAULT_MOVES = {"nni": 3.0, "spr": 2.0, "espr": 3.0, "etbr": 3.0, "branch_multiplier": 5.0, "tree_length": 1.0,

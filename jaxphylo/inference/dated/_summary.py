@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpyro.diagnostics import effective_sample_size
 
-from ..io import newick_string
-from ._dated_start import height_ordered_tree
+from ...io import newick_string
+from ._start import height_ordered_tree
 
 
 

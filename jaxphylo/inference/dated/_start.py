@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 from jaxtyping import Float, Int
 
-from ..data import Alignment, distances
-from ..tree import Topology, Tree, bionj
+from ...data import Alignment, distances
+from ...tree import Topology, Tree, bionj
 
 
 def start_time_tree(alignment: Alignment, tip_heights: Float[np.ndarray, " tips"], fallback_rate: float):

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ._base import uniform_choice
+from ..base import uniform_choice
 
 MULTIPLIER_TUNING = 2.0 * math.log(2.0)  # MrBayes's default lambda for multiplier moves: m in [1/2, 2]
 

@@ -31,12 +31,12 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
-from ..data import Alignment, distances
-from .._errors import ModelError
-from ..tree import TimeTree, Tree, branch_durations, start_heights, time_tree, with_sampled_tips
-from ..io import TipDates, from_dendropy, read_partitions, to_dendropy
-from ..likelihood import partitioned_data, pattern_data
-from ..models import (
+from ...data import Alignment, distances
+from ..._errors import ModelError
+from ...tree import TimeTree, Tree, branch_durations, start_heights, time_tree, with_sampled_tips
+from ...io import TipDates, from_dendropy, read_partitions, to_dendropy
+from ...likelihood import partitioned_data, pattern_data
+from ...models import (
     LINKS,
     MRBAYES_PRIORS,
     PartitionedModel,
@@ -48,7 +48,7 @@ from ..models import (
     sample_model,
 )
 from ._distribution import PhyloCTMC
-from ._tree_priors import BirthDeath, ConstantCoalescent, GammaDirichlet, Skygrid, Yule
+from ..priors import BirthDeath, ConstantCoalescent, GammaDirichlet, Skygrid, Yule
 
 CLOCKS = (None, "strict", "relaxed")
 UNROOTED_PRIORS = ("exponential", "gamma-dirichlet")
@@ -148,7 +148,7 @@ def prepare(alignment: Alignment, tree: Tree, analysis: Analysis, tip_dates=None
     data = _data(alignment, tree, model)
     tips, heights = start_heights(tree, time)
     dated = not time.contemporaneous
-    rate = _rate_guess(alignment, tips, heights) if dated else 1.0
+    rate = rate_guess(alignment, tips, heights) if dated else 1.0
     init.update(_time_tree_start(analysis, time, tips, heights, rate))
     cutoff = analysis.skygrid_cutoff or 1.2 * float(heights[-1])
     build = _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff, reference)
@@ -271,7 +271,7 @@ def _time_tree_model(time, model, estimated, priors, analysis, dated, cutoff, re
     return time_tree_model
 
 
-def _rate_guess(alignment, tips, heights):
+def rate_guess(alignment, tips, heights):
     """Mean JC69 distance over twice the mean time back to the root: a start for the clock rate."""
     d = distances(alignment, "jc69" if alignment.alphabet.num_states == 4 else None, saturated=3.0)
     mean_distance = float(np.mean(d[np.triu_indices(len(d), 1)]))

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 from numpyro.diagnostics import hpdi, summary as numpyro_summary
 
-from ..tree import TimeTree, Topology
-from ..io import newick_string, nexus_trees_header
+from ...tree import TimeTree, Topology
+from ...io import newick_string, nexus_trees_header
 from ._runner import Draws
 
 # standard-normal auxiliaries of non-centred parameterisations; sampled tip heights (their dates are logged)

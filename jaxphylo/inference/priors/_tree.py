@@ -25,8 +25,8 @@ from jaxtyping import Array, Float
 from numpyro.distributions import Distribution, constraints
 from numpyro.distributions.transforms import Transform, biject_to
 
-from .._errors import InputError, ModelError
-from ..tree import TimeTree, all_heights, heights_to_ratios, ratio_log_jacobian, ratios_to_heights
+from ..._errors import InputError, ModelError
+from ...tree import TimeTree, all_heights, heights_to_ratios, ratio_log_jacobian, ratios_to_heights
 
 TipHeights = Float[Array, " tips"] | None  # the current tip heights where some are sampled, else None
 

@@ -1,0 +1,24 @@
+"""Time trees with the topology sampled: the kernel (BEAST's tree operators alternated with HMC), the run,
+the least-squares start and the summaries (MCC tree, clade frequencies)."""
+
+from ._kernel import (
+    DatedPosterior as DatedPosterior,
+    DatedSettings as DatedSettings,
+    initial_state as initial_state,
+    run_block as run_block,
+)
+from ._run import (
+    DatedResult as DatedResult,
+    check_dated_inputs as check_dated_inputs,
+    dated_mcmc as dated_mcmc,
+)
+from ._start import (
+    rooted_time_tree as rooted_time_tree,
+    start_time_tree as start_time_tree,
+)
+from ._summary import (
+    clade_frequencies as clade_frequencies,
+    clade_masks as clade_masks,
+    hpd as hpd,
+    time_tree_newick as time_tree_newick,
+)
