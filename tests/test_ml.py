@@ -122,13 +122,13 @@ def test_length_optimisers_split_large_batches_into_groups(monkeypatch, method):
                             150, seed=2)
     trees = kernel_batch([jp.random_topology_tree(alignment.taxa, seed=k) for k in (1, 2, 3)])
     data = pattern_data(alignment, trees)
-    problem = ml._search.Problem(jp.parse_model("HKY{2}+F{0.3,0.2,0.2,0.3}"), data,
+    problem = ml.Problem(jp.parse_model("HKY{2}+F{0.3,0.2,0.2,0.3}"), data,
                                  jnp.broadcast_to(data.weights, (3, data.weights.shape[0])), phase_widths(7),
                                  jnp.float64, method)
     fixed = jp.tree.fixed_branches(trees.parents)
-    whole = ml._search.optimise_lengths(trees.parents, trees.branch_lengths, fixed, problem, 1e-6)
+    whole = ml.optimise_lengths(trees.parents, trees.branch_lengths, fixed, problem, 1e-6)
     monkeypatch.setattr(ml._search, "LENGTHS_BYTES", 1)  # one tree per call
-    grouped = ml._search.optimise_lengths(trees.parents, trees.branch_lengths, fixed, problem, 1e-6)
+    grouped = ml.optimise_lengths(trees.parents, trees.branch_lengths, fixed, problem, 1e-6)
     assert grouped[0].shape == whole[0].shape and grouped[1].shape == (3,)
     np.testing.assert_allclose(grouped[1], whole[1], atol=1e-5)
 

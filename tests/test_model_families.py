@@ -128,7 +128,7 @@ def test_amino_acid_models_against_iqtree(model, protein_case, tmp_path):
 
 def test_every_matrix_is_a_modelfinder_candidate():
     """`--mset` takes every matrix, in any case; the default list is IQ-TREE 2.0.7's 21 (its `-m MF` log)."""
-    from jaxphylo.ml._model_selection import default_candidates
+    from jaxphylo.ml.selection import default_candidates
 
     protein = jp.Alignment(("a", "b", "c"), ("ARND",) * 3, jp.PROTEIN)
     names = [c.name for c in default_candidates(protein, mset=",".join(m.lower() for m in EMPIRICAL_MODELS), mrate="E")]

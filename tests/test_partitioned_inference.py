@@ -116,7 +116,7 @@ def test_partitioned_nni_scores_and_newton_derivatives_are_exact(tmp_path):
     model = jp.partitioned_model(scheme, alignment, link="unlinked")
     lengths = trees.branch_lengths[..., None] * jnp.asarray([0.5, 1.5, 3.0])
     now = log_l(trees.parents, lengths, model)
-    tree, with_lengths = ml._search.searched_result(trees.parents[0], lengths[0], trees.taxa, model)
+    tree, with_lengths = ml.searched_result(trees.parents[0], lengths[0], trees.taxa, model)
     assert float(now[0]) == pytest.approx(float(jp.log_likelihood(alignment, tree, with_lengths)), abs=1e-8)
     scores = nni_scores(trees.parents, lengths, model, data, weights, phase_widths(9), jnp.float64, True)
     assert scores.lengths.shape == (2, edges, 2, 3)
@@ -259,7 +259,7 @@ def test_partitioned_sample_and_mcmc(genes, tmp_path):
     parents, lengths = jax.vmap(from_view)(state.up, edge, state.root)
     for b in range(2):
         chain_model = posterior.coordinates.model(jax.tree.map(lambda x: x[b], params))
-        tree, chain_model = ml._search.searched_result(parents[b], lengths[b], tuple(alignment.taxa), chain_model)
+        tree, chain_model = ml.searched_result(parents[b], lengths[b], tuple(alignment.taxa), chain_model)
         assert float(values[b]) == pytest.approx(float(jp.log_likelihood(alignment, tree, chain_model)), abs=1e-8)
 
 

@@ -20,20 +20,15 @@ A partitioned model searches one topology. With linked lengths (`-p`, `-q`)
 the trees carry one set of lengths that every part scales by its rate, and
 scores, Newton steps and fits sum over the parts; with unlinked ones (`-Q`)
 they carry every part's own, `branch_lengths [B, M, K]`, and each part fits
-its own branch (NNI central branches, Newton steps), the gains summed.
-"""
+its own branch (NNI central branches, Newton steps), the gains summed."""
 
 from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
-
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from ..data import Alignment, distances
 from ..runtime import NEVER, BlockRun, alignment_digest, place_batch
 from .._errors import InputError
@@ -42,328 +37,22 @@ from ..tree import (
     TreeBatch,
     bionj,
     fixed_branches,
-    kernel_splits,
-    mask_like,
     parsimony_tree,
     phase_widths,
     kernel_batch,
     random_topology_tree,
 )
 from ..likelihood import (
-    PRECISIONS, batch_pattern_log_likelihoods, max_step_width, node_bytes, place_data, require_finite, search_data,
+    PRECISIONS, batch_pattern_log_likelihoods, max_step_width, place_data, require_finite, search_data,
     search_lengths, search_template,
 )
 from ..models import (
-    Model, ModelCoordinates, PartitionedModel, lengths_from_unconstrained, lengths_to_unconstrained, model_record,
+    Model, ModelCoordinates, PartitionedModel, model_record,
     resolve_model,
 )
 from ._fit import MLResult, reported_parameters
-from ._newton import newton_lengths
-from ._nni import apply_nnis, independent_moves, nni_scores
-from ._optimise import minimise
-from ._spr import regrafted_tree, spr_scores
-
-SEARCH_TOLERANCE = 0.01  # log-likelihood units over five L-BFGS iterations while searching; 1e-3 for model fits
-LENGTHS_BYTES = 16 << 30  # partials that one call of a length optimiser may hold (trees beyond it: more calls)
-LENGTHS_BUFFERS = 24  # partials buffers per tree in a length optimiser (Newton: 4 step fractions, derivative passes)
-
-
-@dataclass
-class SearchSettings:
-    batch: int = 4  # perturbed copies hill-climbed together
-    patience: int = 100  # perturbed trees in a row without improvement before stopping
-    perturbation: float = 0.5  # fraction of internal edges a perturbation tries to swap
-    epsilon: float = 1e-3  # smallest gain that counts as an improvement
-    radius: int = 6  # SPR regraft radius in branches (IQ-TREE's default); 0 turns SPR off
-    candidates: int = 5  # best distinct trees kept for perturbation (IQ-TREE's default)
-    lengths_method: str = "auto"  # branch-length optimiser during the search: "lbfgs", "newton" or "auto"
-    max_seconds: float = float("inf")  # wall-clock limit (makes a search depend on the machine's speed)
-
-    def __post_init__(self):
-        for name in ("batch", "candidates"):
-            if int(getattr(self, name)) < 1:
-                raise InputError(f"search setting {name} must be at least 1, got {getattr(self, name)}")
-        for name in ("patience", "radius"):
-            if int(getattr(self, name)) < 0:
-                raise InputError(f"search setting {name} must not be negative, got {getattr(self, name)}")
-        if self.lengths_method not in LENGTHS_METHODS:
-            raise InputError(f"lengths_method must be one of {', '.join(LENGTHS_METHODS)}, not {self.lengths_method!r}")
-        if not 0 < self.perturbation <= 1:
-            raise InputError(f"perturbation must be in (0, 1], got {self.perturbation}")
-
-
-def _strongly_typed(tree):
-    """Floating leaves without JAX's weak type: a parsed model's weak `kappa` and a fitted model's strong one
-    would otherwise trace every jitted step of a search twice (one L-BFGS program: ~10 s to compile)."""
-    return jax.tree.map(lambda x: jnp.asarray(x, x.dtype) if eqx.is_inexact_array(x) else x, tree)
-
-
-class Problem(eqx.Module):
-    """What every step of a search needs: model, pattern data, per-tree pattern weights, fixed-branch mask.
-
-    A `PartitionedModel` comes with `PartitionedData`: its parts' patterns side by side, the weights too.
-    """
-
-    model: Model | PartitionedModel = eqx.field(converter=_strongly_typed)
-    data: object  # PatternData, or PartitionedData
-    weights: jax.Array  # [B or 1, patterns]
-    widths: tuple[int, ...] = eqx.field(static=True)
-    dtype: object = eqx.field(static=True)
-    lengths_method: str = eqx.field(static=True, default="auto")
-    mesh: object = eqx.field(static=True, default=None)  # trees over its `batch` axis (`place_batch`), or None
-
-
-def _lengths_objective(u, parents, fixed, problem: Problem):
-    lengths = jnp.where(mask_like(fixed, u), 0.0, lengths_from_unconstrained(u))
-    per = batch_pattern_log_likelihoods(problem.model, parents, lengths, problem.data, problem.widths, problem.dtype)
-    return -jnp.sum(problem.weights * per)
-
-
-def _joint_objective(params, parents, fixed, coordinates: ModelCoordinates, problem: Problem):
-    problem = eqx.tree_at(lambda p: p.model, problem, coordinates.model(params["model"]))
-    return _lengths_objective(params["lengths"], parents, fixed, problem)
-
-
-def optimise_model_and_lengths(parents, lengths, fixed, coordinates: ModelCoordinates, problem: Problem,
-                               tolerance: float):
-    """Re-fit the free model parameters (shared by the batch) and every tree's branch lengths together."""
-    fits = [minimise(_joint_objective, {"model": start, "lengths": lengths_to_unconstrained(lengths)},
-                     (parents, fixed, coordinates, problem), "lbfgs", tolerance, 2000) for start in coordinates.starts()]
-    params, _, iterations = min(fits, key=lambda result: float(result[1]))
-    model = coordinates.model(params["model"])
-    lengths = jnp.where(mask_like(fixed, lengths), 0.0, lengths_from_unconstrained(params["lengths"]))
-    problem = eqx.tree_at(lambda p: p.model, problem, model)
-    return model, lengths, tree_log_likelihoods(parents, lengths, problem), coordinates.named_values(params["model"]), \
-        int(iterations)
-
-
-LENGTHS_METHODS = ("auto", "lbfgs", "newton")
-
-
-def optimise_lengths(parents, lengths, fixed, problem: Problem, tolerance: float = SEARCH_TOLERANCE):
-    """Re-fit every free branch length of every tree: `(lengths, log L)`.
-
-    "newton" (`_newton`: per-branch Newton sweeps) or "lbfgs" (an L-BFGS per
-    tree); "auto" takes L-BFGS on the CPU, where the C++ kernel makes each of
-    its many cheap evaluations fast, and Newton elsewhere, where every pass
-    costs a launch latency and Newton needs far fewer passes (see
-    benchmarks/results/ml_search-*.json).
-    """
-    tolerance = jnp.asarray(tolerance, lengths.dtype)  # traced: the start's 1e-3 and the search's 0.01 share a program
-    method = problem.lengths_method
-    if method == "auto":
-        method = "lbfgs" if jax.default_backend() == "cpu" else "newton"
-    if method == "newton":
-        optimise = lambda *a: newton_lengths(*a, tolerance)[:2]  # noqa: E731
-    else:
-        optimise = lambda *a: lbfgs_lengths(*a, tolerance)  # noqa: E731
-    # Large alignments: trees in groups whose partials fit in LENGTHS_BYTES (the group size depends on the
-    # problem only, never on the machine, so a search's result does not either).
-    batch = parents.shape[0]
-    tree_bytes = LENGTHS_BUFFERS * (parents.shape[1] + 1) * node_bytes(problem.model, problem.data, problem.dtype)
-    size = max(1, min(batch, LENGTHS_BYTES // tree_bytes))
-    if size == batch:
-        return optimise(parents, lengths, fixed, problem)
-    results = []
-    for start in range(0, batch, size):
-        rows = np.minimum(np.arange(start, start + size), batch - 1)  # the last group padded with its last tree
-        weights = problem.weights[rows] if problem.weights.shape[0] == batch else problem.weights
-        group = eqx.tree_at(lambda p: p.weights, problem, weights)
-        results.append(optimise(parents[rows], lengths[rows], fixed[rows], group))
-    return tuple(jnp.concatenate(x)[:batch] for x in zip(*results))
-
-
-@eqx.filter_jit
-def lbfgs_lengths(parents, lengths, fixed, problem: Problem, tolerance: float, max_iterations: int = 200):
-    """Each tree by its own L-BFGS (vmapped: one program, every tree at once).
-
-    Separate optimisers, not one on the summed log L: a shared line search would
-    let the worst-conditioned tree set every tree's step.
-    """
-    def one_tree(parent, length, fixed, weights):
-        alone = eqx.tree_at(lambda p: p.weights, problem, weights[None])
-        u, value, _ = minimise(_lengths_objective, lengths_to_unconstrained(length[None]),
-                               (parent[None], fixed[None], alone), "lbfgs", tolerance, max_iterations)
-        return jnp.where(mask_like(fixed, length), 0.0, lengths_from_unconstrained(u[0])), -value
-
-    return jax.vmap(one_tree)(parents, lengths, fixed, problem.weights)
-
-
-@eqx.filter_jit
-def tree_log_likelihoods(parents, lengths, problem: Problem):
-    per = batch_pattern_log_likelihoods(problem.model, parents, lengths, problem.data, problem.widths, problem.dtype)
-    return jnp.sum(problem.weights * per, axis=-1)
-
-
-@eqx.filter_jit
-def _propose(parents, lengths, problem: Problem):
-    """All chosen improving NNIs of each tree, and the best single one, as two batches of trees."""
-    scores = nni_scores(parents, lengths, problem.model, problem.data, problem.weights, problem.widths, problem.dtype)
-    which = jnp.argmax(scores.gains, axis=-1)
-    gain = jnp.max(scores.gains, axis=-1)
-    chosen = independent_moves(gain, scores.nodes, parents.shape[1])
-    best = jax.nn.one_hot(jnp.argmax(gain, axis=-1), gain.shape[1], dtype=bool) & (gain > 0)
-    return apply_nnis(parents, lengths, scores, chosen, which), apply_nnis(parents, lengths, scores, best, which), \
-        jnp.any(chosen, axis=-1)
-
-
-@eqx.filter_jit
-def _perturb(parents, lengths, problem: Problem, key, fraction):
-    """Random NNIs on about `fraction` of each tree's internal edges (no two touching the same nodes)."""
-    scores = nni_scores(parents, lengths, problem.model, problem.data, problem.weights, problem.widths, problem.dtype)
-    k1, k2 = jax.random.split(key)
-    draw = jax.random.uniform(k1, scores.valid.shape)
-    priority = jnp.where(scores.valid & (draw < fraction), 1.0 + draw, 0.0)
-    chosen = independent_moves(priority, scores.nodes, parents.shape[1])
-    which = jax.random.bernoulli(k2, 0.5, scores.valid.shape).astype(jnp.int32)
-    return apply_nnis(parents, lengths, scores, chosen, which)
-
-
-def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilon: float):
-    """One NNI round of every tree: `(parents, lengths, log L, proposed, improved)`.
-
-    `proposed`: some tree had an improving NNI to try; `improved`: some tree
-    gained more than `epsilon` after its branch lengths were re-fitted.
-    """
-    (all_p, all_l), (one_p, one_l), any_move = _propose(parents, lengths, problem)
-    if not bool(jnp.any(any_move)):
-        return parents, lengths, log_likelihoods, False, False
-    candidates_l, candidate_ll = optimise_lengths(jnp.concatenate([all_p, one_p]), jnp.concatenate([all_l, one_l]),
-                                                  jnp.concatenate([fixed, fixed]), _doubled(problem))
-    b = parents.shape[0]
-    options = jnp.stack([log_likelihoods, candidate_ll[:b], candidate_ll[b:]])
-    improved = jnp.max(options, axis=0) > log_likelihoods + epsilon
-    pick = jnp.where(improved, jnp.argmax(options, axis=0), 0)[None, :, None]
-    parents = jnp.take_along_axis(jnp.stack([parents, all_p, one_p]), pick, axis=0)[0]
-    lengths = jnp.stack([lengths, candidates_l[:b], candidates_l[b:]])
-    lengths = jnp.take_along_axis(lengths, mask_like(pick, lengths), axis=0)[0]
-    log_likelihoods = jnp.where(improved, jnp.max(options, axis=0), log_likelihoods)
-    return parents, lengths, log_likelihoods, True, bool(jnp.any(improved))
-
-
-@eqx.filter_jit
-def _spr_scores(parent, lengths, problem: Problem, radius: int):
-    return spr_scores(parent, lengths, problem.model, problem.data, problem.weights[0], problem.widths, problem.dtype,
-                      radius)
-
-
-def spr_step(parent, lengths, log_likelihood, problem_of, batch: int, settings: SearchSettings):
-    """The best SPR of one tree within the radius, if it improves log L: `(parent, lengths, log L, improved)`.
-
-    Every regraft of every pruning is scored on the device with its three new branches fitted (`_spr`); the
-    best regraft of each of the `2 * batch` best prunings becomes a tree whose lengths are all re-fitted
-    (as many trees as an NNI round re-fits: the same compiled program).
-    """
-    scores = _spr_scores(parent, lengths, problem_of(1), settings.radius)
-    gains = np.asarray(scores.gains)
-    top = [j for j in np.argsort(-gains, kind="stable")[:2 * batch] if np.isfinite(gains[j])]
-    if not top:
-        return parent, lengths, log_likelihood, False
-    nodes, fitted = np.asarray(scores.nodes), np.asarray(scores.lengths)
-    built = [regrafted_tree(np.asarray(parent), np.asarray(lengths), nodes[j], fitted[j]) for j in top]
-    problem = problem_of(2 * batch)
-    p, l = (place_batch(_padded(np.stack(x), 2 * batch), problem.mesh) for x in zip(*built))
-    l, ll = optimise_lengths(p, l, fixed_branches(p), problem)
-    k = int(jnp.argmax(ll))
-    if float(ll[k]) > log_likelihood + settings.epsilon:
-        return p[k], l[k], float(ll[k]), True
-    return parent, lengths, log_likelihood, False
-
-
-def _padded(x, size):
-    """`x` with its first row repeated up to `size` rows (fixed shapes: one compiled program)."""
-    return np.concatenate([x, np.repeat(x[:1], size - len(x), axis=0)]) if len(x) < size else x
-
-
-class Climb:
-    """A hill climb in progress, advanced one round per `step()` so that a run can stop and save between any two.
-
-    Phases: "nni", NNI rounds of the whole batch until none improves; then,
-    with `spr`, "spr" (the best SPR of the batch's best tree within the
-    radius) alternating with "spr-nni" (NNI rounds of copies of the tree that
-    SPR made, one compiled shape) while SPR improves; then "done". `result()`
-    is the climbed batch with the best tree found moved into slot 0.
-    `state()` is plain NumPy, the part of a checkpoint that holds the climb.
-    """
-
-    ARRAYS = ("parents", "lengths", "log_likelihoods")
-
-    def __init__(self, parents, lengths, log_likelihoods, spr: bool = True, phase: str = "nni", slot: int = 0,
-                 best=None, copies=None):
-        self.batch = tuple(jnp.asarray(x) for x in (parents, lengths, log_likelihoods))
-        self.spr, self.phase, self.slot = spr, phase, slot
-        self.best = None if best is None else (jnp.asarray(best[0]), jnp.asarray(best[1]), float(best[2]))
-        self.copies = None if copies is None else tuple(jnp.asarray(x) for x in copies)
-
-    @property
-    def done(self) -> bool:
-        return self.phase == "done"
-
-    def step(self, problem_of, settings: SearchSettings, on_round=None) -> None:
-        size = self.batch[0].shape[0]
-        if self.phase == "spr":
-            p, l, ll, improved = spr_step(*self.best, problem_of, size, settings)
-            if improved:
-                self.copies = jnp.broadcast_to(p, (size,) + p.shape), jnp.broadcast_to(l, (size,) + l.shape), \
-                    jnp.full(size, ll)
-            self.phase = "spr-nni" if improved else "done"
-            return
-        trees = self.batch if self.phase == "nni" else self.copies
-        *trees, proposed, improved = nni_round(*trees, fixed_branches(trees[0]), problem_of(size), settings.epsilon)
-        if self.phase == "nni":
-            self.batch = tuple(trees)
-            if proposed and on_round is not None:
-                on_round(float(jnp.max(trees[2])))
-        else:
-            self.copies = tuple(trees)
-        if improved:
-            return
-        if self.phase == "nni":
-            self.slot = int(jnp.argmax(trees[2]))
-        k = self.slot if self.phase == "nni" else 0
-        self.best, self.copies = (trees[0][k], trees[1][k], float(trees[2][k])), None
-        if self.phase == "spr-nni" and on_round is not None:
-            on_round(self.best[2])
-        self.phase = "spr" if self.spr and settings.radius > 0 else "done"
-
-    def result(self):
-        """The climbed batch, `(parents, lengths, log L)`, with the best tree found in slot 0."""
-        swap = lambda x, y: x.at[self.slot].set(x[0]).at[0].set(y)  # noqa: E731
-        return tuple(swap(x, y) for x, y in zip(self.batch, self.best))
-
-    def state(self) -> dict:
-        numpy = lambda xs: None if xs is None else tuple(np.asarray(x) for x in xs)  # noqa: E731
-        return {"parents": np.asarray(self.batch[0]), "lengths": np.asarray(self.batch[1]),
-                "log_likelihoods": np.asarray(self.batch[2]), "spr": self.spr, "phase": self.phase,
-                "slot": self.slot, "best": numpy(self.best), "copies": numpy(self.copies)}
-
-
-class CandidateSet:
-    """The best distinct trees found so far (IQ-TREE keeps five), the trees that perturbations start from."""
-
-    def __init__(self, size: int, taxa):
-        self.size, self.taxa, self.trees = size, taxa, {}
-
-    def add(self, parents, lengths, log_likelihoods) -> None:
-        for p, l, ll in zip(parents, lengths, np.asarray(log_likelihoods)):
-            key = frozenset(x for x in kernel_splits(np.asarray(p), self.taxa) if x is not None)
-            if key not in self.trees or self.trees[key][0] < ll:
-                self.trees[key] = (float(ll), p, l)
-        kept = sorted(self.trees.items(), key=lambda item: -item[1][0])[: self.size]
-        self.trees = dict(kept)
-
-    def best(self):
-        return max(self.trees.values(), key=lambda t: t[0])
-
-    def stacked(self, count: int):
-        """`count` trees cycling through the candidates, best first: `(parents, lengths)`."""
-        ranked = sorted(self.trees.values(), key=lambda t: -t[0])
-        chosen = [ranked[k % len(ranked)] for k in range(count)]
-        return jnp.stack([c[1] for c in chosen]), jnp.stack([c[2] for c in chosen])
-
-
-def _doubled(problem: Problem) -> Problem:
-    return eqx.tree_at(lambda p: p.weights, problem, jnp.concatenate([problem.weights, problem.weights]))
+from ._lengths import Problem, optimise_lengths, optimise_model_and_lengths
+from ._climb import CandidateSet, Climb, SearchSettings, perturb, sorted_splits
 
 
 def start_trees(alignment: Alignment, start, starts: int, seed: int) -> list[Tree]:
@@ -540,7 +229,7 @@ class _SearchRun:
             self.key, sub = jax.random.split(self.key)
             self.before = self.candidates.best()[0]
             p, l = self.candidates.stacked(self.size)
-            p, l = _perturb(p, l, self.problem_of(self.size), sub, self.settings.perturbation)
+            p, l = perturb(p, l, self.problem_of(self.size), sub, self.settings.perturbation)
             l, ll = optimise_lengths(p, l, fixed_branches(p), self.problem_of(self.size))
             self.climb, self.stage = Climb(p, l, ll), "perturbed-climb"
             return False
@@ -568,7 +257,7 @@ class _SearchRun:
     def state(self) -> dict:
         """Everything the search needs to go on, as NumPy arrays and Python values (no time: same bytes)."""
         return {"stage": self.stage, "model": [np.asarray(x) for x in jax.tree.leaves(self.model)],
-                "candidates": [(_sorted_splits(k), ll, np.asarray(p), np.asarray(l))
+                "candidates": [(sorted_splits(k), ll, np.asarray(p), np.asarray(l))
                                for k, (ll, p, l) in self.candidates.trees.items()],
                 "climb": None if self.climb is None else self.climb.state(), "before": self.before,
                 "key": np.asarray(self.key), "failures": self.failures, "trace": list(self.trace)}
@@ -580,12 +269,6 @@ class _SearchRun:
                                  for k, ll, p, l in saved["candidates"]}
         self.climb = None if saved["climb"] is None else Climb(**saved["climb"])
         self.key, self.trace = jnp.asarray(saved["key"]), list(saved["trace"])
-
-
-def _sorted_splits(key: frozenset) -> tuple:
-    """A tree's split set in a fixed order: a set's pickle follows its iteration order, which can differ
-    between equal sets (insertion history), and a checkpoint must repeat byte for byte."""
-    return tuple(sorted(tuple(sorted(split)) for split in key))
 
 
 def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch, lengths) -> None:

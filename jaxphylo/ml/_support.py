@@ -35,7 +35,9 @@ from ..likelihood import (
 )
 from ..models import PartitionedModel, part_alignments
 from ._fit import MLResult
-from ._search import Climb, Problem, SearchSettings, optimise_lengths, searched_result
+from ._climb import Climb, SearchSettings
+from ._lengths import Problem, optimise_lengths
+from ._search import searched_result
 from ._nni import nni_scores
 
 BOOTSTRAP_BATCH = 100  # replicates climbed together (fixed, so that results do not depend on interruptions)

@@ -41,7 +41,7 @@ import jax
 
 import jaxphylo as jp
 from jaxphylo.ml import select_model
-from jaxphylo.ml._model_selection import _bionj_start
+from jaxphylo.ml.selection import bionj_start
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[2] / "shared" / "data"
@@ -128,7 +128,7 @@ def compare_candidates(name: str, workdir: Path, data: Path, mset: str | None, m
     path = data / name / "alignment.fasta"
     alignment = jp.read_alignment(path)
     tree_path = workdir / f"{name}.bionj.nwk"
-    jp.write_tree(_bionj_start(alignment), tree_path)
+    jp.write_tree(bionj_start(alignment), tree_path)
     narrowing = ["--mrate", mrate] + (["--mset", mset] if mset else [])
     load_before = os.getloadavg()[0]
     ours_run, ours_seconds = run_timed([sys.executable, "-m", "jaxphylo.cli", "models", str(path), "--tree",

@@ -39,364 +39,41 @@ Speed: all candidates with the same state count and rate type share one
 compiled program (the model is data: an exchangeability basis, a mask of free
 classes, the frequencies), fitted in batches by `vmap` of the L-BFGS loop of
 `fit`; on the CPU batches of one (the C++ kernel runs batch elements in turn,
-and a batch waits for its slowest member), on accelerators all at once.
-"""
+and a batch waits for its slowest member), on accelerators all at once."""
 
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.special
-
-from ..data import Alignment, DNA, PROTEIN, distances
-from .._errors import InputError, ModelError
-from ..tree import Tree, bionj
-from ..likelihood import PRECISIONS, check_inputs, data_log_likelihood, pattern_data
-from ..io import PartitionScheme
-from ..models import (
+from ...data import Alignment, DNA, distances
+from ..._errors import InputError, ModelError
+from ...tree import Tree, bionj
+from ...likelihood import PRECISIONS, check_inputs, pattern_data
+from ...io import PartitionScheme
+from ...models import (
     ConstrainedGTR,
-    canonical_name,
-    DiscreteGamma,
-    EMPIRICAL_MODELS,
-    FreeRates,
     GTR,
     HKY85,
-    InvariantSites,
     Model,
     NAMED_DNA_MODELS,
-    RateVariation,
-    SubstitutionModel,
     TN93,
-    UniformRates,
-    discrete_gamma_rates,
     empirical_frequencies,
-    empirical_matrix,
     lengths_to_unconstrained,
     parse_model,
     rate_classes,
     split_alignment,
 )
-from ._fit import MLResult, _tree_lengths
-from ._optimise import minimise
+from .._fit import MLResult, _tree_lengths
+from ._criteria import _criterion, akaike_weights, information_criteria
+from ._candidates import Candidate, SCORE_DIFF_THRESHOLD, _DNA_NAMES, _automatic_rates, default_candidates, fit_free_rate_sequences, parse_candidate
+from ._batch_fit import MAX_SHAPE, MIN_SHAPE, _Spec, _fit_batch, _gamma_category_means, _pad, _padding, _rate_variation, _shape_inverse, _spec
 
-CRITERIA = ("AIC", "AICc", "BIC")
-SCORE_DIFF_THRESHOLD = 10.0  # IQ-TREE 2's score_diff_thres: rate types kept after the first model
-MIN_SHAPE, MAX_SHAPE = 0.02, 1000.0  # IQ-TREE's bounds on the Gamma shape
-MAX_INVARIANT = 0.999
-FREE_RATE_RANGE = (2, 10)  # IQ-TREE's -cmin / -cmax
 
-# IQ-TREE name -> (our name for parse_model and rate classes, frequencies: "F" free-frequency model or "equal")
-DNA_ORDER = ("GTR", "SYM", "TVM", "TVMe", "TIM3", "TIM3e", "TIM2", "TIM2e", "TIM", "TIMe", "TPM3u", "TPM3", "TPM2u",
-             "TPM2", "K3Pu", "K3P", "TN", "TNe", "HKY", "K2P", "F81", "JC")
-_DNA_NAMES = {
-    "GTR": "GTR", "SYM": "SYM", "TVM": "TVM", "TVMe": "TVMe", "TIM3": "TIM3", "TIM3e": "TIM3e", "TIM2": "TIM2",
-    "TIM2e": "TIM2e", "TIM": "TIM", "TIMe": "TIMe", "TPM3u": "TPM3u", "TPM3": "TPM3u", "TPM2u": "TPM2u",
-    "TPM2": "TPM2u", "K3Pu": "K3Pu", "K3P": "K3P", "TN": "TN93", "TNe": "TNe", "HKY": "HKY85", "K2P": "K80",
-    "F81": "F81", "JC": "JC69",
-}
-_EQUAL_IN_IQTREE = {"SYM", "TVMe", "TIM3e", "TIM2e", "TIMe", "K3P", "TNe", "K2P", "JC"}
-_DNA_SHOWN = {canonical_name(name): name for name in DNA_ORDER}  # a model's name as IQ-TREE's ModelFinder shows it
-# IQ-TREE 2.0.7's default protein list, in its order (its `-m MF` log); `--mset` may name any of EMPIRICAL_MODELS.
-PROTEIN_ORDER = ("LG", "WAG", "JTT", "JTTDCMut", "DCMut", "VT", "PMB", "Blosum62", "Dayhoff", "mtREV", "mtART",
-                 "mtZOA", "mtMet", "mtVer", "mtInv", "mtMAM", "HIVb", "HIVw", "FLU", "rtREV", "cpREV")
-_RATE_ALIASES = {"E": "", "I": "+I", "G": "+G4", "G4": "+G4", "I+G": "+I+G4", "I+G4": "+I+G4"}
-_PAIRS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
-
-
-# ----------------------------------------------------------------------------------------- criteria
-
-
-def information_criteria(log_likelihood: float, df: int, num_sites: int) -> dict:
-    """`{"AIC", "AICc", "BIC"}` of a fit: AIC = 2k - 2 log L, AICc = AIC + 2k(k+1)/(n-k-1), BIC = k ln n - 2 log L."""
-    k, n = df, num_sites
-    aic = 2.0 * k - 2.0 * log_likelihood
-    aicc = aic + 2.0 * k * (k + 1) / (n - k - 1) if n - k - 1 > 0 else math.inf
-    return {"AIC": aic, "AICc": aicc, "BIC": k * math.log(n) - 2.0 * log_likelihood}
-
-
-def akaike_weights(scores) -> np.ndarray:
-    """`exp(-D_i / 2) / sum_j exp(-D_j / 2)`, `D_i = score_i - min score` (0 for infinite scores)."""
-    scores = np.asarray(scores, float)
-    finite = np.isfinite(scores)
-    if not finite.any():
-        return np.full(len(scores), 1.0 / len(scores)) if len(scores) else scores
-    relative = np.where(finite, np.exp(-0.5 * (scores - scores[finite].min())), 0.0)
-    return relative / relative.sum()
-
-
-# ----------------------------------------------------------------------------------------- candidates
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One model to fit: `name` as IQ-TREE prints it (e.g. `TPM2+F+G4`), its parts, and the free-parameter count."""
-
-    name: str
-    base: str  # IQ-TREE's substitution name (or a protein matrix)
-    frequency: str  # "+F" or ""
-    rate: str  # "", "+I", "+G4", "+I+G4", "+R3", "+I+R3"
-
-    @property
-    def protein(self) -> bool:
-        return self.base in EMPIRICAL_MODELS
-
-    @property
-    def parse_string(self) -> str:
-        """The same model as `jaxphylo.parse_model` reads it (TPM2+F is TPM2u+F, HKY is HKY85...)."""
-        base = self.base if self.protein else _DNA_NAMES[self.base]
-        return base + self.frequency + self.rate
-
-    @property
-    def categories(self) -> int:
-        """Free-rate categories (0 unless +R)."""
-        return int(self.rate.split("R")[1]) if "R" in self.rate else 0
-
-    def substitution_parameters(self) -> int:
-        if self.protein:
-            return 0
-        return max(rate_classes(NAMED_DNA_MODELS[_DNA_NAMES[self.base]][0])) + 1 - 1
-
-    def frequency_parameters(self) -> int:
-        return (19 if self.protein else 3) if self.frequency else 0
-
-    def rate_parameters(self) -> int:
-        k = self.categories
-        return ("+I" in self.rate) + ("G" in self.rate) + (2 * (k - 1) if k else 0)
-
-    def df(self, num_taxa: int) -> int:
-        """Free parameters as IQ-TREE 2 counts them, branch lengths (2N - 3) included."""
-        return 2 * num_taxa - 3 + self.substitution_parameters() + self.frequency_parameters() + self.rate_parameters()
-
-
-def _dna_base(name: str, source: str) -> str:
-    key = _DNA_SHOWN.get(canonical_name(name))
-    if key is None:
-        raise ModelError(f"{source}: unknown DNA model {name!r}; known: {', '.join(DNA_ORDER)}")
-    return key
-
-
-def _protein_base(name: str, source: str) -> str:
-    key = canonical_name(name)
-    if key not in EMPIRICAL_MODELS:
-        raise ModelError(f"{source}: unknown protein matrix {name!r}; known: {', '.join(EMPIRICAL_MODELS)}")
-    return key
-
-
-def _automatic_rates(mrate: str | None) -> bool:
-    """True for IQ-TREE's default rate set (no -mrate, or `-mrate AUTO`): the one it prunes (rule 2 above)."""
-    return mrate is None or str(mrate).strip().upper() == "AUTO"
-
-
-def _rate_types(mrate: str | None) -> list[str]:
-    """IQ-TREE's -mrate (`E,I,G,I+G,R,I+R`; `R` means +R2..+R10, `R4` one of them) as rate suffixes.
-
-    None or `AUTO` is IQ-TREE 2's default for DNA and protein data with invariable sites: E,I,G,I+G,R.
-    """
-    if _automatic_rates(mrate):
-        mrate = "E,I,G,I+G,R"
-    rates = []
-    for token in (t.strip() for t in str(mrate).split(",")):
-        upper = token.upper()
-        if upper in _RATE_ALIASES:
-            rates.append(_RATE_ALIASES[upper])
-        elif upper in ("R", "I+R"):
-            prefix = "+I" if upper == "I+R" else ""
-            rates += [f"{prefix}+R{k}" for k in range(FREE_RATE_RANGE[0], FREE_RATE_RANGE[1] + 1)]
-        elif (upper.startswith("R") or upper.startswith("I+R")) and upper.split("R", 1)[1].isdigit() \
-                and int(upper.split("R", 1)[1]) >= 2:
-            rates.append(("+I" if upper.startswith("I+") else "") + "+R" + upper.split("R", 1)[1])
-        else:
-            raise ModelError(f"mrate: unknown rate type {token!r}; use E, I, G, I+G, R, I+R or Rk (k >= 2)")
-    return list(dict.fromkeys(rates))
-
-
-def default_candidates(alignment: Alignment, mset: str | None = None, mrate: str | None = None) -> list[Candidate]:
-    """IQ-TREE 2's `-m MF` candidates for `alignment`'s data type, narrowed by `mset` and `mrate` as -mset/-mrate do.
-
-    Order as IQ-TREE's: substitution model (and frequencies) first, rate type second.
-    """
-    rates = _rate_types(mrate)
-    if alignment.alphabet == DNA:
-        names = DNA_ORDER if mset is None else [_dna_base(t.strip(), "mset") for t in str(mset).split(",")]
-        subs = [(n, "" if n in _EQUAL_IN_IQTREE else "+F") for n in dict.fromkeys(names)]
-    elif alignment.alphabet == PROTEIN:
-        names = PROTEIN_ORDER if mset is None else [_protein_base(t.strip(), "mset") for t in str(mset).split(",")]
-        subs = [(n, f) for n in dict.fromkeys(names) for f in ("", "+F")]
-    else:
-        raise InputError(f"{alignment.source}: model selection covers DNA and protein data, not "
-                         f"{alignment.alphabet.name}")
-    return [Candidate(base + freq + rate, base, freq, rate) for base, freq in subs for rate in rates]
-
-
-def parse_candidate(string: str, alignment: Alignment) -> Candidate:
-    """A candidate from a model string such as `HKY+F+G4`, `K2P+I`, `LG+F+R3` (no values in braces)."""
-    terms = [t.strip() for t in str(string).split("+")]
-    if not terms[0] or "{" in string:
-        raise ModelError(f"candidate {string!r}: give a model name and terms without values, e.g. HKY+F+G4")
-    protein = alignment.alphabet == PROTEIN
-    base = _protein_base(terms[0], f"candidate {string!r}") if protein else _dna_base(terms[0], f"candidate {string!r}")
-    frequency, rate = "", []
-    for term in terms[1:]:
-        upper = term.upper()
-        if upper == "F":
-            frequency = "+F"
-        elif upper == "I":
-            rate.insert(0, "+I")
-        elif upper in ("G", "G4"):
-            rate.append("+G4")
-        elif upper.startswith("R") and upper[1:].isdigit() and int(upper[1:]) >= 2:
-            rate.append("+R" + upper[1:])
-        else:
-            raise ModelError(f"candidate {string!r}: unsupported term '+{term}' (model selection knows +F, +I, "
-                             "+G4, +R k)")
-    if len(rate) > 2 or (len(rate) == 2 and rate[0] != "+I"):
-        raise ModelError(f"candidate {string!r}: at most one of +G4 and +R k, with or without +I")
-    if not protein:
-        if base in _EQUAL_IN_IQTREE and frequency:
-            raise ModelError(f"candidate {string!r}: {base} has equal frequencies by definition; drop +F")
-        if base not in _EQUAL_IN_IQTREE:
-            frequency = "+F"  # IQ-TREE's convention: a free-frequency DNA model without a term uses +F
-    rate_text = "".join(rate)
-    return Candidate(base + frequency + rate_text, base, frequency, rate_text)
-
-
-# ----------------------------------------------------------------------------------------- the fitted program
-
-
-class _Exchangeable(SubstitutionModel):
-    """A reversible model given by its exchangeability matrix (data, so every matrix shares one program)."""
-
-    matrix: jax.Array
-    frequencies: jax.Array
-    alphabet: object = eqx.field(static=True)
-
-    def exchangeabilities(self):
-        return self.matrix
-
-
-class _Categories(RateVariation):
-    """Rate categories given as arrays (zero weights allowed: padding)."""
-
-    rates: jax.Array
-    weights: jax.Array
-
-    def categories(self):
-        return self.rates, self.weights
-
-
-class _Spec(eqx.Module):
-    """A candidate as arrays, so that every candidate of one state count shares one compiled fit.
-
-    Exchangeabilities `R = sum_c exp(theta_c free_c) basis_c` (DNA: one basis
-    matrix per rate class, GT's class the reference; protein: the matrix, fixed);
-    frequencies fixed. Rate variation in a padded layout of `1 + K` categories
-    (K = 4, or 10 past +R4): category 0 the invariable sites (weight
-    `invariant * p`), then the Gamma's four (`gamma`), the `free_mask`ed +R
-    categories, or one category of rate 1; unused categories have weight 0.
-    """
-
-    basis: jax.Array  # [classes, S, S]
-    free: jax.Array  # [classes] 1.0 where theta_c is estimated
-    frequencies: jax.Array  # [S]
-    invariant: jax.Array  # 1.0 with +I
-    gamma: jax.Array  # 1.0 with +G4
-    free_mask: jax.Array  # [K] 1.0 for the categories of +R k
-    alphabet: object = eqx.field(static=True)
-
-
-def _padding(candidates) -> int:
-    """K of the padded layout: 4 unless some candidate has +R5 or more, then 10."""
-    return 4 if max(c.categories for c in candidates) <= 4 else max(10, max(c.categories for c in candidates))
-
-
-def _spec(candidate: Candidate, empirical: np.ndarray, padding: int) -> _Spec:
-    k = candidate.categories
-    rates = dict(invariant=jnp.asarray(float("+I" in candidate.rate)), gamma=jnp.asarray(float("G" in candidate.rate)),
-                 free_mask=jnp.asarray((np.arange(padding) < k).astype(float)))
-    if candidate.protein:
-        matrix, own = empirical_matrix(candidate.base)
-        pi = empirical if candidate.frequency else own
-        return _Spec(jnp.asarray(matrix[None]), jnp.zeros(1), jnp.asarray(pi), alphabet=PROTEIN, **rates)
-    classes = rate_classes(NAMED_DNA_MODELS[_DNA_NAMES[candidate.base]][0])
-    k = max(classes) + 1
-    basis = np.zeros((6, 4, 4))
-    for (i, j), c in zip(_PAIRS, classes):
-        basis[c, i, j] = basis[c, j, i] = 1.0
-    free = np.zeros(6)
-    free[: k - 1] = 1.0  # GT's class (k - 1) is the reference, rate 1
-    pi = empirical if candidate.frequency else np.full(4, 0.25)
-    return _Spec(jnp.asarray(basis), jnp.asarray(free), jnp.asarray(pi), alphabet=DNA, **rates)
-
-
-def _shape(u):
-    """Gamma shape in IQ-TREE's bounds [0.02, 1000], log-sigmoid in `u`."""
-    return jnp.exp(math.log(MIN_SHAPE) + (math.log(MAX_SHAPE) - math.log(MIN_SHAPE)) * jax.nn.sigmoid(u))
-
-
-def _shape_inverse(shape: float) -> float:
-    x = (math.log(min(max(shape, 1.01 * MIN_SHAPE), 0.99 * MAX_SHAPE)) - math.log(MIN_SHAPE)) / (
-        math.log(MAX_SHAPE) - math.log(MIN_SHAPE))
-    return math.log(x / (1 - x))
-
-
-def _proportion_invariant(u):
-    return MAX_INVARIANT * jax.nn.sigmoid(u)
-
-
-def _free_rates(params, mask):
-    """+R k weights (softmax over the active categories) and rates (exp), rescaled to mean rate one.
-
-    With no active category (not a +R candidate) both are zero, and finite, gradients included.
-    """
-    logits = jnp.where(mask > 0, params["free_weights"], 0.0)
-    weights = jnp.exp(logits - jnp.max(logits)) * mask
-    weights = weights / jnp.maximum(jnp.sum(weights), 1e-300)
-    rates = jnp.exp(jnp.where(mask > 0, params["free_rates"], 0.0)) * mask
-    mean = jnp.sum(weights * rates)
-    return rates / jnp.where(mean > 0, mean, 1.0), weights
-
-
-def _categories(params: dict, spec: _Spec) -> _Categories:
-    """The padded `1 + K` categories of the candidate that `spec` describes (see `_Spec`)."""
-    padding = spec.free_mask.shape[-1]
-    one_hot = (jnp.arange(padding) == 0).astype(float)
-    gamma = jnp.concatenate([discrete_gamma_rates(_shape(params["gamma"]), 4), jnp.zeros(padding - 4)])
-    gamma_weights = jnp.concatenate([jnp.full(4, 0.25), jnp.zeros(padding - 4)])
-    free, free_weights = _free_rates(params, spec.free_mask)
-    uses_free = jnp.sum(spec.free_mask) > 0
-    rates = jnp.where(spec.gamma > 0, gamma, jnp.where(uses_free, free, one_hot))
-    weights = jnp.where(spec.gamma > 0, gamma_weights, jnp.where(uses_free, free_weights, one_hot))
-    p = spec.invariant * _proportion_invariant(params["invariant"])
-    return _Categories(jnp.concatenate([jnp.zeros(1), rates / (1.0 - p)]),
-                       jnp.concatenate([jnp.reshape(p, (1,)), (1.0 - p) * weights]))
-
-
-def _site_model(params: dict, spec: _Spec) -> Model:
-    scale = jnp.exp(jnp.where(spec.free > 0, params["exchangeabilities"], 0.0))
-    matrix = jnp.einsum("c,cij->ij", scale, spec.basis)
-    return Model(_Exchangeable(matrix, spec.frequencies, spec.alphabet), _categories(params, spec))
-
-
-def _objective(params, spec: _Spec, tree: Tree, data, precision):
-    tree = tree.with_branch_lengths(_tree_lengths(params["lengths"], tree))
-    return -data_log_likelihood(data, tree, _site_model(params, spec), precision=precision)
-
-
-@eqx.filter_jit
-def _fit_batch(params, specs, tree, data, precision, tolerance, max_iterations):
-    """`minimise` vmapped over candidates: `(params, -log L, iterations)`, each with a leading axis."""
-    def one(p, s):
-        return minimise(_objective, p, (s, tree, data, precision), "lbfgs", tolerance, max_iterations)
-    return jax.vmap(one)(params, specs)
-
-
-# ----------------------------------------------------------------------------------------- results
 
 
 @dataclass
@@ -488,11 +165,11 @@ def select_part_models(alignment: Alignment, scheme: PartitionScheme, tree: Tree
                              "protein models")
         kinds.append((data_type, 1))
     parts = split_alignment(alignment, scheme, tuple(kinds))
-    tree = _bionj_start(alignment) if tree is None else tree
+    tree = bionj_start(alignment) if tree is None else tree
     return {name: select_model(part, tree, **options) for name, part in zip(scheme.names, parts)}
 
 
-def _bionj_start(alignment: Alignment) -> Tree:
+def bionj_start(alignment: Alignment) -> Tree:
     """The topology candidates are fitted on without a given tree: BIONJ of JC69 (DNA) or Poisson distances."""
     method = "jc69" if alignment.alphabet == DNA else "poisson"
     return bionj(distances(alignment, method, saturated=10.0), alignment.taxa)
@@ -507,16 +184,6 @@ def best_scheme_nexus(scheme: PartitionScheme, selections: dict[str, ModelSelect
     chosen = ", ".join(f"{selections[name].best_model}:{name}" for name in scheme.names)
     lines += [f"  charpartition best = {chosen};", "end;", ""]
     return "\n".join(lines)
-
-
-def _criterion(criterion: str) -> str:
-    lookup = {c.upper(): c for c in CRITERIA}
-    if not isinstance(criterion, str) or criterion.upper() not in lookup:
-        raise ModelError(f"criterion must be one of {', '.join(CRITERIA)}, not {criterion!r}")
-    return lookup[criterion.upper()]
-
-
-# ----------------------------------------------------------------------------------------- the selection
 
 
 class _Selector:
@@ -635,46 +302,6 @@ class _Selector:
         fit_free_rate_sequences(candidates, self.fit, lambda c: self.score(c.name))
 
 
-def fit_free_rate_sequences(candidates: list[Candidate], fit, score) -> None:
-    """IQ-TREE 2's rule for +R k (`CandidateModelSet::test` of 2.0.7): each sequence of one substitution model and
-    frequencies, with or without +I, is fitted in increasing k; once +R k scores worse (strictly greater
-    criterion) than the same sequence's +R(k-1), its higher k are skipped. `fit(batch)` fits a list of candidates
-    (one step of every live sequence at a time); `score(candidate)` is its criterion after fitting.
-    """
-    sequences: dict[tuple, list[Candidate]] = {}
-    for c in candidates:
-        sequences.setdefault((c.base, c.frequency, c.rate.startswith("+I")), []).append(c)
-    queues = [sorted(cs, key=lambda c: c.categories) for cs in sequences.values()]
-    scores = [{} for _ in queues]  # per sequence: {k: criterion}
-    while True:
-        current = [q[0] for q in queues if q]
-        if not current:
-            return
-        fit(current)
-        for q, fitted in zip(queues, scores):
-            if not q:
-                continue
-            c = q.pop(0)
-            fitted[c.categories] = score(c)
-            previous = fitted.get(c.categories - 1)
-            if previous is not None and fitted[c.categories] > previous:
-                q.clear()
-
-
-def _gamma_category_means(shape: float, k: int) -> np.ndarray:
-    """`discrete_gamma_rates(shape, k)` on the host (scipy): a +R k start with no program compiled per k.
-
-    Yang's mean rates: x_i the i/k quantile of Gamma(a, 1), rate_i = k [P(a + 1, x_i) - P(a + 1, x_(i-1))].
-    """
-    x = scipy.special.gammaincinv(shape, np.arange(1, k) / k)
-    cdf = np.concatenate([[0.0], scipy.special.gammainc(shape + 1.0, x), [1.0]])
-    return k * np.diff(cdf)
-
-
-def _pad(values, padding):
-    return np.concatenate([values, np.zeros(padding - len(values))])
-
-
 def select_model(
     alignment: Alignment,
     tree: Tree | None = None,
@@ -710,7 +337,7 @@ def select_model(
         raise InputError(f"select_model needs an Alignment, not {type(alignment).__name__}")
     if len(alignment.taxa) < 3:
         raise InputError(f"{alignment.source}: model selection needs at least 3 taxa, got {len(alignment.taxa)}")
-    tree = _bionj_start(alignment) if tree is None else tree
+    tree = bionj_start(alignment) if tree is None else tree
     if batch_size == -1:
         batch_size = 1 if jax.default_backend() == "cpu" else None
     if candidates is not None and (mset is not None or mrate is not None):
@@ -787,16 +414,3 @@ def _result(selector: _Selector, candidate: Candidate, row: ModelFit) -> MLResul
     tree = selector.tree.with_branch_lengths(np.asarray(_tree_lengths(params["lengths"], selector.tree)))
     return MLResult(tree=tree, model=model, log_likelihood=row.log_likelihood, iterations=row.iterations,
                     seconds=0.0)
-
-
-def _rate_variation(candidate: Candidate, params: dict, spec: _Spec) -> RateVariation:
-    """The fitted rate variation as jaxphylo's own classes (DiscreteGamma, FreeRates, InvariantSites)."""
-    rates = UniformRates()
-    if "G" in candidate.rate:
-        rates = DiscreteGamma(_shape(params["gamma"]), 4)
-    elif candidate.categories:
-        free, weights = _free_rates(params, spec.free_mask)
-        rates = FreeRates(weights[: candidate.categories], free[: candidate.categories])
-    if "+I" in candidate.rate:
-        rates = InvariantSites(_proportion_invariant(params["invariant"]), rates)
-    return rates

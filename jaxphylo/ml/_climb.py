@@ -1,0 +1,221 @@
+"""Hill climbing of a batch of trees: NNI rounds (every tree's independent improving NNIs at once), SPR
+rounds within a radius, perturbation, the candidate set of best distinct trees, and the search settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ..runtime import place_batch
+from .._errors import InputError
+from ..tree import (
+    fixed_branches,
+    kernel_splits,
+    mask_like,
+)
+from ._nni import apply_nnis, independent_moves, nni_scores
+from ._spr import regrafted_tree, spr_scores
+from ._lengths import LENGTHS_METHODS, Problem, optimise_lengths
+
+
+@dataclass
+class SearchSettings:
+    batch: int = 4  # perturbed copies hill-climbed together
+    patience: int = 100  # perturbed trees in a row without improvement before stopping
+    perturbation: float = 0.5  # fraction of internal edges a perturbation tries to swap
+    epsilon: float = 1e-3  # smallest gain that counts as an improvement
+    radius: int = 6  # SPR regraft radius in branches (IQ-TREE's default); 0 turns SPR off
+    candidates: int = 5  # best distinct trees kept for perturbation (IQ-TREE's default)
+    lengths_method: str = "auto"  # branch-length optimiser during the search: "lbfgs", "newton" or "auto"
+    max_seconds: float = float("inf")  # wall-clock limit (makes a search depend on the machine's speed)
+
+    def __post_init__(self):
+        for name in ("batch", "candidates"):
+            if int(getattr(self, name)) < 1:
+                raise InputError(f"search setting {name} must be at least 1, got {getattr(self, name)}")
+        for name in ("patience", "radius"):
+            if int(getattr(self, name)) < 0:
+                raise InputError(f"search setting {name} must not be negative, got {getattr(self, name)}")
+        if self.lengths_method not in LENGTHS_METHODS:
+            raise InputError(f"lengths_method must be one of {', '.join(LENGTHS_METHODS)}, not {self.lengths_method!r}")
+        if not 0 < self.perturbation <= 1:
+            raise InputError(f"perturbation must be in (0, 1], got {self.perturbation}")
+
+
+@eqx.filter_jit
+def _propose(parents, lengths, problem: Problem):
+    """All chosen improving NNIs of each tree, and the best single one, as two batches of trees."""
+    scores = nni_scores(parents, lengths, problem.model, problem.data, problem.weights, problem.widths, problem.dtype)
+    which = jnp.argmax(scores.gains, axis=-1)
+    gain = jnp.max(scores.gains, axis=-1)
+    chosen = independent_moves(gain, scores.nodes, parents.shape[1])
+    best = jax.nn.one_hot(jnp.argmax(gain, axis=-1), gain.shape[1], dtype=bool) & (gain > 0)
+    return apply_nnis(parents, lengths, scores, chosen, which), apply_nnis(parents, lengths, scores, best, which), \
+        jnp.any(chosen, axis=-1)
+
+
+@eqx.filter_jit
+def perturb(parents, lengths, problem: Problem, key, fraction):
+    """Random NNIs on about `fraction` of each tree's internal edges (no two touching the same nodes)."""
+    scores = nni_scores(parents, lengths, problem.model, problem.data, problem.weights, problem.widths, problem.dtype)
+    k1, k2 = jax.random.split(key)
+    draw = jax.random.uniform(k1, scores.valid.shape)
+    priority = jnp.where(scores.valid & (draw < fraction), 1.0 + draw, 0.0)
+    chosen = independent_moves(priority, scores.nodes, parents.shape[1])
+    which = jax.random.bernoulli(k2, 0.5, scores.valid.shape).astype(jnp.int32)
+    return apply_nnis(parents, lengths, scores, chosen, which)
+
+
+def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilon: float):
+    """One NNI round of every tree: `(parents, lengths, log L, proposed, improved)`.
+
+    `proposed`: some tree had an improving NNI to try; `improved`: some tree
+    gained more than `epsilon` after its branch lengths were re-fitted.
+    """
+    (all_p, all_l), (one_p, one_l), any_move = _propose(parents, lengths, problem)
+    if not bool(jnp.any(any_move)):
+        return parents, lengths, log_likelihoods, False, False
+    candidates_l, candidate_ll = optimise_lengths(jnp.concatenate([all_p, one_p]), jnp.concatenate([all_l, one_l]),
+                                                  jnp.concatenate([fixed, fixed]), _doubled(problem))
+    b = parents.shape[0]
+    options = jnp.stack([log_likelihoods, candidate_ll[:b], candidate_ll[b:]])
+    improved = jnp.max(options, axis=0) > log_likelihoods + epsilon
+    pick = jnp.where(improved, jnp.argmax(options, axis=0), 0)[None, :, None]
+    parents = jnp.take_along_axis(jnp.stack([parents, all_p, one_p]), pick, axis=0)[0]
+    lengths = jnp.stack([lengths, candidates_l[:b], candidates_l[b:]])
+    lengths = jnp.take_along_axis(lengths, mask_like(pick, lengths), axis=0)[0]
+    log_likelihoods = jnp.where(improved, jnp.max(options, axis=0), log_likelihoods)
+    return parents, lengths, log_likelihoods, True, bool(jnp.any(improved))
+
+
+@eqx.filter_jit
+def _spr_scores(parent, lengths, problem: Problem, radius: int):
+    return spr_scores(parent, lengths, problem.model, problem.data, problem.weights[0], problem.widths, problem.dtype,
+                      radius)
+
+
+def spr_step(parent, lengths, log_likelihood, problem_of, batch: int, settings: SearchSettings):
+    """The best SPR of one tree within the radius, if it improves log L: `(parent, lengths, log L, improved)`.
+
+    Every regraft of every pruning is scored on the device with its three new branches fitted (`_spr`); the
+    best regraft of each of the `2 * batch` best prunings becomes a tree whose lengths are all re-fitted
+    (as many trees as an NNI round re-fits: the same compiled program).
+    """
+    scores = _spr_scores(parent, lengths, problem_of(1), settings.radius)
+    gains = np.asarray(scores.gains)
+    top = [j for j in np.argsort(-gains, kind="stable")[:2 * batch] if np.isfinite(gains[j])]
+    if not top:
+        return parent, lengths, log_likelihood, False
+    nodes, fitted = np.asarray(scores.nodes), np.asarray(scores.lengths)
+    built = [regrafted_tree(np.asarray(parent), np.asarray(lengths), nodes[j], fitted[j]) for j in top]
+    problem = problem_of(2 * batch)
+    p, l = (place_batch(_padded(np.stack(x), 2 * batch), problem.mesh) for x in zip(*built))
+    l, ll = optimise_lengths(p, l, fixed_branches(p), problem)
+    k = int(jnp.argmax(ll))
+    if float(ll[k]) > log_likelihood + settings.epsilon:
+        return p[k], l[k], float(ll[k]), True
+    return parent, lengths, log_likelihood, False
+
+
+def _padded(x, size):
+    """`x` with its first row repeated up to `size` rows (fixed shapes: one compiled program)."""
+    return np.concatenate([x, np.repeat(x[:1], size - len(x), axis=0)]) if len(x) < size else x
+
+
+class Climb:
+    """A hill climb in progress, advanced one round per `step()` so that a run can stop and save between any two.
+
+    Phases: "nni", NNI rounds of the whole batch until none improves; then,
+    with `spr`, "spr" (the best SPR of the batch's best tree within the
+    radius) alternating with "spr-nni" (NNI rounds of copies of the tree that
+    SPR made, one compiled shape) while SPR improves; then "done". `result()`
+    is the climbed batch with the best tree found moved into slot 0.
+    `state()` is plain NumPy, the part of a checkpoint that holds the climb.
+    """
+
+    ARRAYS = ("parents", "lengths", "log_likelihoods")
+
+    def __init__(self, parents, lengths, log_likelihoods, spr: bool = True, phase: str = "nni", slot: int = 0,
+                 best=None, copies=None):
+        self.batch = tuple(jnp.asarray(x) for x in (parents, lengths, log_likelihoods))
+        self.spr, self.phase, self.slot = spr, phase, slot
+        self.best = None if best is None else (jnp.asarray(best[0]), jnp.asarray(best[1]), float(best[2]))
+        self.copies = None if copies is None else tuple(jnp.asarray(x) for x in copies)
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def step(self, problem_of, settings: SearchSettings, on_round=None) -> None:
+        size = self.batch[0].shape[0]
+        if self.phase == "spr":
+            p, l, ll, improved = spr_step(*self.best, problem_of, size, settings)
+            if improved:
+                self.copies = jnp.broadcast_to(p, (size,) + p.shape), jnp.broadcast_to(l, (size,) + l.shape), \
+                    jnp.full(size, ll)
+            self.phase = "spr-nni" if improved else "done"
+            return
+        trees = self.batch if self.phase == "nni" else self.copies
+        *trees, proposed, improved = nni_round(*trees, fixed_branches(trees[0]), problem_of(size), settings.epsilon)
+        if self.phase == "nni":
+            self.batch = tuple(trees)
+            if proposed and on_round is not None:
+                on_round(float(jnp.max(trees[2])))
+        else:
+            self.copies = tuple(trees)
+        if improved:
+            return
+        if self.phase == "nni":
+            self.slot = int(jnp.argmax(trees[2]))
+        k = self.slot if self.phase == "nni" else 0
+        self.best, self.copies = (trees[0][k], trees[1][k], float(trees[2][k])), None
+        if self.phase == "spr-nni" and on_round is not None:
+            on_round(self.best[2])
+        self.phase = "spr" if self.spr and settings.radius > 0 else "done"
+
+    def result(self):
+        """The climbed batch, `(parents, lengths, log L)`, with the best tree found in slot 0."""
+        swap = lambda x, y: x.at[self.slot].set(x[0]).at[0].set(y)  # noqa: E731
+        return tuple(swap(x, y) for x, y in zip(self.batch, self.best))
+
+    def state(self) -> dict:
+        numpy = lambda xs: None if xs is None else tuple(np.asarray(x) for x in xs)  # noqa: E731
+        return {"parents": np.asarray(self.batch[0]), "lengths": np.asarray(self.batch[1]),
+                "log_likelihoods": np.asarray(self.batch[2]), "spr": self.spr, "phase": self.phase,
+                "slot": self.slot, "best": numpy(self.best), "copies": numpy(self.copies)}
+
+
+class CandidateSet:
+    """The best distinct trees found so far (IQ-TREE keeps five), the trees that perturbations start from."""
+
+    def __init__(self, size: int, taxa):
+        self.size, self.taxa, self.trees = size, taxa, {}
+
+    def add(self, parents, lengths, log_likelihoods) -> None:
+        for p, l, ll in zip(parents, lengths, np.asarray(log_likelihoods)):
+            key = frozenset(x for x in kernel_splits(np.asarray(p), self.taxa) if x is not None)
+            if key not in self.trees or self.trees[key][0] < ll:
+                self.trees[key] = (float(ll), p, l)
+        kept = sorted(self.trees.items(), key=lambda item: -item[1][0])[: self.size]
+        self.trees = dict(kept)
+
+    def best(self):
+        return max(self.trees.values(), key=lambda t: t[0])
+
+    def stacked(self, count: int):
+        """`count` trees cycling through the candidates, best first: `(parents, lengths)`."""
+        ranked = sorted(self.trees.values(), key=lambda t: -t[0])
+        chosen = [ranked[k % len(ranked)] for k in range(count)]
+        return jnp.stack([c[1] for c in chosen]), jnp.stack([c[2] for c in chosen])
+
+
+def _doubled(problem: Problem) -> Problem:
+    return eqx.tree_at(lambda p: p.weights, problem, jnp.concatenate([problem.weights, problem.weights]))
+
+
+def sorted_splits(key: frozenset) -> tuple:
+    """A tree's split set in a fixed order: a set's pickle follows its iteration order, which can differ
+    between equal sets (insertion history), and a checkpoint must repeat byte for byte."""
+    return tuple(sorted(tuple(sorted(split)) for split in key))
