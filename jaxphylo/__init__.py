@@ -28,7 +28,7 @@ from .likelihood import (  # noqa: E402
 from .models import (  # noqa: E402
     Model, ModelCoordinates, PartitionedModel, parse_model, partitioned_model, simulate, unconstrain,
 )
-from . import coevolution, inference  # noqa: E402
+from . import coevolution, inference, ml  # noqa: E402
 from .runtime import device_mesh, replicate  # noqa: E402
 
 __version__ = "0.1.0"

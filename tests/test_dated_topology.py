@@ -291,7 +291,7 @@ def test_a_given_start_tree_is_renumbered_to_the_alignment():
     """A start tree whose taxa come in another order than the alignment's: the sampler's arrays put every tip
     at its own height and keep the tree's clades and node heights; another taxon set is a one-line error."""
     from jaxphylo._errors import InputError
-    from jaxphylo.inference.dated import _given_start
+    from jaxphylo.inference.dated._run import _given_start
 
     alignment, tree, tips, time = _dated_data(50)
     order = [3, 0, 5, 1, 4, 2]
@@ -343,7 +343,7 @@ def test_sample_with_a_yule_or_birth_death_prior(tmp_path, capsys):
     a Tracer log with `yule.birthRate`; birth–death logs BEAST's `birthDeath.BminusDRate` and
     `birthDeath.DoverB`; tips of different ages are refused in one line naming --tree-prior, before a dry run."""
     from jaxphylo import cli
-    from jaxphylo.inference.dated import _column_names
+    from jaxphylo.inference.dated._run import _column_names
 
     alignment, _, tips, _ = _dated_data(200)
     aln = tmp_path / "aln.fasta"

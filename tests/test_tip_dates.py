@@ -22,7 +22,8 @@ from jaxphylo.inference import (
     Analysis, ConstantCoalescent, RatioTransform, branch_durations, node_anchors, prepare, ratios_to_heights,
     sample_tip_heights, time_tree,
 )
-from jaxphylo.inference.nuts import Draws, _columns, column_labels, tip_height_draws
+from jaxphylo.inference.nuts import Draws, column_labels, tip_height_draws
+from jaxphylo.inference.nuts._outputs import _columns
 from jaxphylo.tree import all_heights
 from jaxphylo.io import TipDates, parse_date, read_tip_dates, tip_dates_from_names
 
