@@ -72,7 +72,7 @@ def test_xla_out_of_memory_becomes_one_line(monkeypatch, capsys):
     def exhausted(args):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 96.00GiB.\nmore detail")
 
-    monkeypatch.setattr(cli, "_loglik", exhausted)
+    monkeypatch.setattr(cli._loglik, "run", exhausted)  # the loglik command's run
     assert cli.main(["loglik", "--example"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "out of memory" in error and "--dry-run" in error

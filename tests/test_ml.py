@@ -127,7 +127,7 @@ def test_length_optimisers_split_large_batches_into_groups(monkeypatch, method):
                                  jnp.float64, method)
     fixed = jp.tree.fixed_branches(trees.parents)
     whole = ml.optimise_lengths(trees.parents, trees.branch_lengths, fixed, problem, 1e-6)
-    monkeypatch.setattr(ml._search, "LENGTHS_BYTES", 1)  # one tree per call
+    monkeypatch.setattr(ml._lengths, "LENGTHS_BYTES", 1)  # one tree per call
     grouped = ml.optimise_lengths(trees.parents, trees.branch_lengths, fixed, problem, 1e-6)
     assert grouped[0].shape == whole[0].shape and grouped[1].shape == (3,)
     np.testing.assert_allclose(grouped[1], whole[1], atol=1e-5)

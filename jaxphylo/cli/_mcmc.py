@@ -87,7 +87,7 @@ def _plan(alignment, model, args, batch: int) -> None:
     from jaxphylo.likelihood import pattern_data
 
     tree = jp.random_topology_tree(alignment.taxa, seed=args.seed)
-    model, _ = jp.ml._fit.resolve_model(model, alignment)
+    model, _ = jp.models.resolve_model(model, alignment)
     data = jp.likelihood.partitioned_data(alignment, tree, model) if isinstance(model, jp.PartitionedModel) else \
         pattern_data(alignment, tree)
     plan(data, tree, model, args.precision, batch, args.dry_run, alignment.num_sites,

@@ -112,7 +112,7 @@ def run(args) -> None:
                                                 settings=settings, precision=args.precision,
                                                 checkpoint=f"{prefix}.boot.ckpt", stop=args.stop, mesh=mesh)
         labelled.append(ml.with_supports(result.tree, supports["bootstrap"]))
-    tree = ml._support.combine_labels(result.tree, *labelled) if labelled else result.tree
+    tree = jp.tree.combine_labels(result.tree, *labelled) if labelled else result.tree
     jp.write_tree(tree, f"{prefix}.treefile")
     outputs = f"{prefix}.treefile, {prefix}.json, {prefix}.log"
     if isinstance(result.model, jp.PartitionedModel) and result.model.branch_lengths is not None:
@@ -181,7 +181,7 @@ def _dry_run(alignment, start, model, args, settings) -> None:
 
     tree = start or jp.random_topology_tree(alignment.taxa, seed=args.seed)
     largest = "GTR+F+R10" if alignment.alphabet.num_states == 4 else "LG+F+R10"  # MF/MFP: the largest candidate
-    model, _ = jp.ml._fit.resolve_model(largest if _selecting(args.model) else model, alignment)
+    model, _ = jp.models.resolve_model(largest if _selecting(args.model) else model, alignment)
     batch = 2 * max(args.batch, args.starts)
     data = jp.likelihood.partitioned_data(alignment, tree, model) if isinstance(model, jp.PartitionedModel) else \
         pattern_data(alignment, tree)
