@@ -143,7 +143,7 @@ def search(
     while run.stage != "final":
         blocks.stop_point(run.state, f"after {len(run.trace)} rounds")
         if run.advance():
-            blocks.save(run.state())
+            blocks.save(run.state)
     return run.result()
 
 

@@ -187,7 +187,7 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
             climb.step(lambda _: problem, settings, (lambda best: progress(best)) if progress else None)
         trees = [searched_result(p, l, tuple(alignment.taxa), problem.model)[0] for p, l in zip(*climb.batch[:2])]
         done, climb = done + [(list(t.topology.parent), np.asarray(t.branch_lengths)) for t in trees], None
-        run.save(payload())
+        run.save(payload)
     trees = [Tree(lengths, Topology(tuple(parent), tuple(alignment.taxa), rooted=False)) for parent, lengths in done]
     found = [set(splits(t)) for t in trees]
     supports = {split: 100.0 * np.mean([split in f for f in found]) for split in splits(result.tree)}

@@ -12,7 +12,7 @@ between blocks. The caller's loop keeps only its own work: run a block, write it
     while not done:
         run.stop_point(payload, f"after {n} generations")
         ...                           # one block on the device, its rows to the files
-        run.save(payload())
+        run.save(payload)
 """
 
 from __future__ import annotations
@@ -68,15 +68,16 @@ class BlockRun:
                 handle.truncate(size)
         return saved["payload"]
 
-    def save(self, payload: dict) -> None:
-        """Save `payload` (host values) with the output files' lengths."""
+    def save(self, payload: Callable[[], dict]) -> None:
+        """Save `payload()` (host values) with the output files' lengths; a run without a checkpoint builds
+        nothing (the payload copies the device state and every sample so far)."""
         if self.checkpoint is not None:
             sizes = [path.stat().st_size for path in self.files]
-            save_checkpoint(self.checkpoint, {"payload": payload, "sizes": sizes}, self.record)
+            save_checkpoint(self.checkpoint, {"payload": payload(), "sizes": sizes}, self.record)
 
     def stop_point(self, payload: Callable[[], dict], where: str) -> None:
         """Between blocks: on a stop request, save and raise `Interrupted` naming `where` the run stood."""
-        stop_point(self.stop, lambda: self.save(payload()), self.checkpoint, where)
+        stop_point(self.stop, lambda: self.save(payload), self.checkpoint, where)
 
 
 def to_numpy(state) -> dict:

@@ -128,7 +128,7 @@ def dated_mcmc(
         for generation, chain_rows in rows:
             samples.add(generation, chain_rows)
             files.write(generation, chain_rows)
-        run.save(payload())
+        run.save(payload)
         if progress is not None:
             progress(int(state.generation), np.asarray(to_host(state.log_likelihood + state.log_prior)))
     state = jax.tree.map(to_host, state)

@@ -125,7 +125,7 @@ def mc3(
         block = jax.tree.map(to_host, block)  # under jax.distributed: every process reads all of it
         _collect(block, count, int(state.generation), settings, coordinates, taxa, samples, files)
         trace.append((int(state.generation), asdsf(samples, settings.burnin, settings.min_split_frequency)))
-        run.save(payload())
+        run.save(payload)
         if progress is not None:
             progress(trace[-1][0], [s.columns[-1][0] for s in samples], trace[-1][1])
     result = _result(state, samples, names, settings, trace, taxa, time.perf_counter() - began)

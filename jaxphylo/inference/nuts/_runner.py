@@ -198,16 +198,16 @@ def run_nuts(model, data, init: dict, out, *, settings: dict, chains: int = 4, w
                 divergent = int(pending[1]["diverging"].sum())
                 _write_block(out, index, stepper, data, model, *pending)
                 pending = None
-                run.save(payload())
+                run.save(payload)
                 last_save = time.monotonic()
                 log(f"# block {index + 1}/{total} saved: {block} draws x {chains} chains, {divergent} divergent; "
                     f"peak memory so far: {peak_memory_text()}")
             elif time.monotonic() - last_save > SAVE_EVERY:
-                run.save(payload())
+                run.save(payload)
                 last_save = time.monotonic()
     finally:
         bar(None)
-    run.save(payload())  # the same bytes as the last block's save, or warmup's
+    run.save(payload)  # the same bytes as the last block's save, or warmup's
     log(f"# peak memory while sampling: {peak_memory_text()}")
     return load_draws(out, total)
 
