@@ -50,16 +50,17 @@ def breakdown(alignment, model, priors, generations: int = 1000) -> dict:
     settings = MC3Settings(runs=2, chains=4, generations=generations, sample_every=100, block=generations // 100)
     out = {}
     for name, prior_only in (("generation_ms", False), ("moves_only_ms", True)):
-        posterior, state = starting_state(alignment, model, settings, priors=priors, prior_only=prior_only)
-        count = jnp.asarray(settings.block)
+        posterior, state, key = starting_state(alignment, model, settings, priors=priors, prior_only=prior_only)
+        count, tune = jnp.asarray(settings.block), jnp.asarray(settings.tune_generations)
         began = time.perf_counter()
-        jax.block_until_ready(run_block(state, posterior, settings, count))
+        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
         compile_s = time.perf_counter() - began
         began = time.perf_counter()
-        jax.block_until_ready(run_block(state, posterior, settings, count))
+        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
         out[name] = 1e3 * (time.perf_counter() - began) / generations
         out[name.replace("_ms", "_first_call_s")] = compile_s
-    posterior, state = starting_state(alignment, model, settings, priors=priors)
+    posterior, state, _ = starting_state(alignment, model, settings, priors=priors)
+    state = state.chains.position
 
     @jax.jit
     def likelihoods(state, posterior):

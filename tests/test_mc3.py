@@ -12,6 +12,7 @@ slider) moves the tree length by 20% or more.
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -248,3 +249,14 @@ def test_mcmc_sigterm_at_a_random_moment_exits_saved_and_resumes_to_the_same_byt
     for name in ("run1.trees", "run2.log", "splits.tsv", "consensus.tree", "summary.json", "checkpoint.pkl"):
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), \
             f"{name} (SIGTERM at {delay:.1f} s)"
+
+
+def test_a_longer_run_compiles_nothing_new(five_taxa):
+    """The device program depends on what a generation does, not on how many there are: a run of another length
+    (another tuning length too) in the same process compiles nothing."""
+    mc3(five_taxa, "JC", runs=1, chains=2, generations=200, sample_every=20, seed=3)
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, *_, **__: compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None)
+    result = mc3(five_taxa, "JC", runs=1, chains=2, generations=400, sample_every=20, seed=4)
+    assert result.generations == 400 and compiles == []

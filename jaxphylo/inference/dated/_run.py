@@ -1,7 +1,7 @@
 """`dated_mcmc`: a time-tree analysis with the topology free, from an alignment and tip dates to BEAST's outputs.
 
 Blocks of `DatedSettings.block` samples run on the device
-(`_dated_mcmc.run_block`); between blocks the host appends every chain's
+(`_kernel.run_block`); between blocks the host appends every chain's
 samples to `chain{c}.log` (Tracer) and `chain{c}.trees` (NEXUS with
 `[&height=..., rate=...]` on every node), reports progress, writes the
 checkpoint and reads stop requests. A resumed run truncates the files to the
@@ -30,7 +30,7 @@ from ...tree import Tree, phase_widths, random_topology_tree, start_heights, tim
 from ...likelihood import PRECISIONS, max_step_width, pattern_data
 from ...models import ModelCoordinates, describe_priors, model_record, parameter_names, resolve_model
 from ..nuts import rate_guess
-from ._kernel import DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, initial_state, run_block
+from ._kernel import DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, init, run_block
 from ._start import start_time_tree
 from ._summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
 
@@ -110,20 +110,23 @@ def dated_mcmc(
     files = _OutputFiles(out, settings.chains, taxa, names)
     samples = TimeTreeSamples.empty(settings.chains, names)
     run = BlockRun(None if out is None else Path(out) / "checkpoint.pkl", record, files.paths(), stop)
+    key = jax.random.PRNGKey(seed)
     if (saved := run.open(resume)) is not None:
         state, samples = from_numpy(saved["state"], state), TimeTreeSamples.from_plain(saved["samples"])
+        key = jnp.asarray(saved["key"])
     else:
         files.start()
 
     def payload():
-        return {"state": to_numpy(state), "samples": samples.to_plain()}
+        return {"state": to_numpy(state), "key": np.asarray(key), "samples": samples.to_plain()}
 
     total = settings.generations // settings.sample_every
+    program, tune = settings.program(), np.int32(settings.tune_generations)
     began = time.perf_counter()
     while samples.count < total:
         run.stop_point(payload, f"after {int(state.generation)} generations")
         count = min(settings.block, total - samples.count)
-        state, block = run_block(state, posterior, settings, np.int32(count))
+        state, key, block = run_block(state, key, posterior, program, np.int32(count), tune)
         rows = _rows(jax.tree.map(to_host, block), count, int(state.generation), settings, posterior, reference)
         for generation, chain_rows in rows:
             samples.add(generation, chain_rows)
@@ -177,7 +180,7 @@ def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior
         fallback = rate_guess(alignment, tips, np.array([2 * np.max(tips) + 1.0]))
         parents, heights, rate = start_time_tree(alignment, tips, fallback)
     else:
-        parents, heights = _given_start(alignment, tree, tips)
+        parents, heights = given_start(alignment, tree, tips)
         rate = rate_guess(alignment, tips, np.array([heights.max()]))
     rate = rate if clock != "none" else 1.0
     root = float(heights.max() - tips.max())
@@ -193,11 +196,11 @@ def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior
                                tree_prior, grid, None, priors, prior_only)
     params = {"model": coordinates.start(), **_hyper_start(clock, tree_prior, rate, root, intervals, len(parents))}
     params = jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x, dtype), (b,) + jnp.shape(x)), params)
-    state = initial_state(np.tile(parents, (b, 1)), np.tile(heights, (b, 1)), params, posterior, settings, seed)
-    return posterior, state, _column_names(clock, tree_prior, intervals, coordinates, reference is not None)
+    state = init(np.tile(parents, (b, 1)), np.tile(heights, (b, 1)), params, posterior)
+    return posterior, state, column_names(clock, tree_prior, intervals, coordinates, reference is not None)
 
 
-def _given_start(alignment, tree: Tree, tips) -> tuple[np.ndarray, np.ndarray]:
+def given_start(alignment, tree: Tree, tips) -> tuple[np.ndarray, np.ndarray]:
     """`(parents, heights)` of a rooted binary start tree, tips renumbered to the alignment's order and put at
     `tips` (the tree's own tip depths must agree with them, as `jaxphylo sample` checks)."""
     if set(tree.taxa) != set(alignment.taxa):
@@ -234,7 +237,7 @@ def _hyper_start(clock, tree_prior, rate, root, intervals, m) -> dict:
     return start
 
 
-def _column_names(clock, tree_prior, intervals, coordinates, dated: bool) -> list[str]:
+def column_names(clock, tree_prior, intervals, coordinates, dated: bool) -> list[str]:
     names = ["posterior", "likelihood", "prior", "rootHeight"] + (["age(root)"] if dated else []) + ["treeLength"]
     names += {"strict": ["clock.rate"], "relaxed": ["ucld.mean", "ucld.stdev"], "none": []}[clock]
     if tree_prior == "coalescent":
