@@ -52,6 +52,7 @@ from ...tree import Schedule
 _FOLDER = Path(__file__).resolve().with_name("cpp")
 _TARGETS = {"post": "jaxphylo_post_order", "pre": "jaxphylo_pre_order_cotangents",
             "likelihood": "jaxphylo_log_likelihoods", "cotangents": "jaxphylo_cotangents"}
+_UPDATE = "jaxphylo_update_partials"  # optional: libraries built before it lack it
 _state: dict = {}
 
 
@@ -246,3 +247,8 @@ def _backward_stored(residuals, pattern_cotangent):
 
 
 pattern_log_likelihoods_stored.defvjp(_forward_stored, _backward_stored)
+
+
+def has_update() -> bool:
+    """Whether the loaded library has the operation-list kernel (`jaxphylo_update_partials`)."""
+    return available() and hasattr(_state["library"], _UPDATE)
