@@ -45,6 +45,14 @@ from ._derivatives import (
     derivatives_from_arrays as derivatives_from_arrays,
     layout_branch_derivatives as layout_branch_derivatives,
 )
+from ._incremental import (
+    NodePartials as NodePartials,
+    accept_partials as accept_partials,
+    dirty_nodes as dirty_nodes,
+    full_partials as full_partials,
+    operation_lists as operation_lists,
+    proposed_partials as proposed_partials,
+)
 from ._finite import check_start as check_start, require_finite as require_finite
 from ._partitioned import (
     PartitionedData as PartitionedData,

@@ -23,6 +23,7 @@ from ._choice import (
     cpu_wanted as cpu_wanted,
     pallas_wanted as pallas_wanted,
     post_order_partials as post_order_partials,
+    update_partials as update_partials,
 )
 from ._preorder import (
     branch_derivative_visitor as branch_derivative_visitor,

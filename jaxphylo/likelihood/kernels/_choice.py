@@ -14,7 +14,7 @@ from jaxtyping import Array, Float, Int
 
 from ..._errors import InputError
 from ...tree import Schedule
-from . import _cpu, _pallas, _xla
+from . import _cpu, _pallas, _update, _xla
 
 KERNEL_ENV = "JAXPHYLO_KERNEL"
 
@@ -49,3 +49,12 @@ def post_order_partials(
         return _pallas.post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
     return _xla.post_order_partials(transition, tip_codes, tip_table, schedule, static_steps)
 
+
+
+def update_partials(transition, tip_codes, tip_table, partials, log_scales, buffer, children, operations, counts,
+                    root, root_frequencies, category_weights):
+    """Recompute the nodes of an operation list in place (`_update`'s contract): by the C++ kernel when
+    `cpu_wanted()` (no work for clean nodes), else by the XLA loop."""
+    backend = _cpu if cpu_wanted() and _cpu.has_update() else _update
+    return backend.update_partials(transition, tip_codes, tip_table, partials, log_scales, buffer, children,
+                                   operations, counts, root, root_frequencies, category_weights)

@@ -21,6 +21,9 @@ trees. These custom calls run a whole pass in one call, on the same arrays:
   recomputes block by block in cache just before the pre-order of that block.
   No `[B, R + 1, C, P, S]` buffer is ever written: on a CPU, recomputing is
   cheaper than writing and re-reading it (and the memory is the inputs').
+- `update_partials(...)`: the incremental post-order of `_update.py` (an
+  operation list per tree, partials by node id in two buffers, updated in
+  place), computing only the listed nodes.
 - `pattern_log_likelihoods(transition, pi, w, tip_codes, tip_table, schedule)`:
   a drop-in for `_kernel.pattern_log_likelihoods` under `jax.custom_vjp` made
   of the last two; `pattern_log_likelihoods_stored` the same from the first two.
@@ -52,6 +55,7 @@ from ...tree import Schedule
 _FOLDER = Path(__file__).resolve().with_name("cpp")
 _TARGETS = {"post": "jaxphylo_post_order", "pre": "jaxphylo_pre_order_cotangents",
             "likelihood": "jaxphylo_log_likelihoods", "cotangents": "jaxphylo_cotangents"}
+_UPDATE = "jaxphylo_update_partials"  # optional: libraries built before it lack it
 _state: dict = {}
 
 
@@ -89,6 +93,8 @@ def _load() -> str | None:
             library = ctypes.cdll.LoadLibrary(str(files[0]))
             for target in _TARGETS.values():
                 jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, target)), platform="cpu")
+            if hasattr(library, _UPDATE):
+                jax.ffi.register_ffi_target(_UPDATE, jax.ffi.pycapsule(getattr(library, _UPDATE)), platform="cpu")
             _state["library"] = library
         except (OSError, AttributeError) as error:
             reason = f"could not load {files[0].name}: {error}"
@@ -246,3 +252,25 @@ def _backward_stored(residuals, pattern_cotangent):
 
 
 pattern_log_likelihoods_stored.defvjp(_forward_stored, _backward_stored)
+
+
+def has_update() -> bool:
+    """Whether the loaded library has the operation-list kernel (`jaxphylo_update_partials`)."""
+    return available() and hasattr(_state["library"], _UPDATE)
+
+
+def update_partials(transition, tip_codes, tip_table, partials, log_scales, buffer, children, operations, counts,
+                    root, root_frequencies, category_weights):
+    """`_update.update_partials` by one custom call that computes only the listed nodes, in place: the partials
+    and log scale factors are outputs aliased to their inputs (under jit with the buffers donated or a loop
+    carry, no copy)."""
+    _require()
+    dtype = _float_dtype(transition)
+    int32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
+    args = (jnp.asarray(transition), int32(tip_codes), jnp.asarray(tip_table, dtype), jnp.asarray(partials, dtype),
+            jnp.asarray(log_scales, dtype), int32(buffer), int32(children), int32(operations), int32(counts),
+            int32(root), jnp.asarray(root_frequencies, dtype), jnp.asarray(category_weights, dtype))
+    shapes = (jax.ShapeDtypeStruct((transition.shape[0], tip_codes.shape[1]), dtype),
+              jax.ShapeDtypeStruct(partials.shape, dtype), jax.ShapeDtypeStruct(log_scales.shape, dtype))
+    loglik, partials, log_scales = jax.ffi.ffi_call(_UPDATE, shapes, input_output_aliases={3: 1, 4: 2})(*args)
+    return partials, log_scales, loglik

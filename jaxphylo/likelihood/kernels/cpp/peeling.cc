@@ -181,6 +181,16 @@ inline int64_t block_patterns(const Args<T>& a, Pass pass) {
   return bp;
 }
 
+// An incremental post-order's operation lists (`update_chunk`, jaxphylo_update_partials).
+struct Update {
+  int64_t M, I, Q;          // nodes, internal nodes (rows per buffer), operation list length
+  const int32_t* buffer;    // [B, I]: the row (0/1) of every internal node read and written
+  const int32_t* children;  // [B, M, 2]
+  const int32_t* ops;       // [B, Q]
+  const int32_t* counts;    // [B]
+  const int32_t* root;      // [B]
+};
+
 // ---------------------------------------------------------------------------
 // Kernels, compiled twice.
 // ---------------------------------------------------------------------------
@@ -708,6 +718,102 @@ static ffi::Error CotangentsImpl(ffi::AnyBuffer transition, ffi::Buffer<ffi::S32
   });
 }
 
+
+// ---------------------------------------------------------------------------
+// Incremental post-order: an operation list per tree, partials kept by node id
+// in two buffers (see _update.py for the semantics this reproduces).
+// ---------------------------------------------------------------------------
+
+template <typename T>
+static void run_update_chunk(const Args<T>& a, const Update& u, T* partials, T* log_scales, int64_t pb, int64_t pe) {
+#if JAXPHYLO_HAVE_AVX2
+  if (use_avx2()) return avx2::update_chunk<T>(a, u, partials, log_scales, pb, pe);
+#endif
+  base::update_chunk<T>(a, u, partials, log_scales, pb, pe);
+}
+
+static std::string check_update(const Update& u, int64_t B, int64_t N) {
+  for (int64_t x = 0; x < B * u.I; ++x)
+    if (u.buffer[x] != 0 && u.buffer[x] != 1) return "buffer indices must be 0 or 1";
+  for (int64_t b = 0; b < B; ++b) {
+    if (u.counts[b] < 0 || u.counts[b] > u.Q) return "an operation count is out of range";
+    if (u.root[b] < N || u.root[b] >= u.M) return "a root is not an internal node";
+    for (int64_t k = 0; k < u.counts[b]; ++k) {
+      const int64_t v = u.ops[b * u.Q + k];
+      if (v < N || v >= u.M) return "an operation is not an internal node";
+      for (int j = 0; j < 2; ++j) {
+        const int64_t c = u.children[(b * u.M + v) * 2 + j];
+        if (c < 0 || c >= u.M) return "a node in the operation list lacks two children";
+      }
+    }
+  }
+  return "";
+}
+
+static ffi::Error UpdateImpl(ffi::AnyBuffer transition, ffi::Buffer<ffi::S32> codes, ffi::AnyBuffer table,
+                             ffi::AnyBuffer partials_in, ffi::AnyBuffer scales_in, ffi::Buffer<ffi::S32> buffer,
+                             ffi::Buffer<ffi::S32> children, ffi::Buffer<ffi::S32> ops, ffi::Buffer<ffi::S32> counts,
+                             ffi::Buffer<ffi::S32> root, ffi::AnyBuffer pi, ffi::AnyBuffer w,
+                             ffi::Result<ffi::AnyBuffer> loglik, ffi::Result<ffi::AnyBuffer> partials,
+                             ffi::Result<ffi::AnyBuffer> log_scales) {
+  return guarded([&]() -> ffi::Error {
+    auto t = transition.dimensions();
+    if (t.size() != 5 || t[3] != t[4]) return bad("transition must be [B, M, C, S, S]");
+    const int64_t B = t[0], M = t[1], C = t[2], S = t[3];
+    auto cd = codes.dimensions();
+    if (cd.size() != 2) return bad("tip_codes must be [N + 1, P]");
+    const int64_t N = cd[0] - 1, P = cd[1], I = N - 1;
+    auto k = table.dimensions();
+    if (k.size() != 2 || k[1] != S) return bad("tip_table must be [K, S]");
+    if (M != 2 * N - 1 || N < 2) return bad("transition must have M = 2N - 1 nodes");
+    if (!dims_are(partials->dimensions(), {B, 2, I, C, P, S}) || !dims_are(partials_in.dimensions(), {B, 2, I, C, P, S}))
+      return bad("partials must be [B, 2, N - 1, C, P, S]");
+    if (!dims_are(log_scales->dimensions(), {B, 2, I, P}) || !dims_are(scales_in.dimensions(), {B, 2, I, P}))
+      return bad("log scales must be [B, 2, N - 1, P]");
+    if (!dims_are(buffer.dimensions(), {B, I}) || !dims_are(children.dimensions(), {B, M, 2}) ||
+        ops.dimensions().size() != 2 || ops.dimensions()[0] != B || !dims_are(counts.dimensions(), {B}) ||
+        !dims_are(root.dimensions(), {B}) || !dims_are(pi.dimensions(), {B, S}) || !dims_are(w.dimensions(), {B, C}) ||
+        !dims_are(loglik->dimensions(), {B, P}))
+      return bad("buffer [B, N - 1], children [B, M, 2], operations [B, Q], counts, root [B], pi [B, S], w [B, C]");
+    const auto dtype = transition.element_type();
+    for (auto e : {table.element_type(), partials->element_type(), log_scales->element_type(), pi.element_type(),
+                   w.element_type(), loglik->element_type()})
+      if (e != dtype) return bad("every floating input and output must have one dtype");
+    if (partials->untyped_data() != partials_in.untyped_data() || log_scales->untyped_data() != scales_in.untyped_data())
+      return bad("partials and log scales must be updated in place (aliased outputs)");
+    Update u{M, I, ops.dimensions()[1], buffer.typed_data(), children.typed_data(), ops.typed_data(),
+             counts.typed_data(), root.typed_data()};
+    std::string err = check_update(u, B, N);
+    if (!err.empty()) return bad(err);
+    for (int64_t x = 0; x < N * P; ++x)
+      if (codes.typed_data()[x] < 0 || codes.typed_data()[x] >= k[0]) return bad("a tip code is outside the tip table");
+    if (B == 0 || P == 0) return ffi::Error::Success();
+    int64_t work = 0;
+    for (int64_t b = 0; b < B; ++b) work += counts.typed_data()[b] + 1;
+    auto run = [&](auto zero) {
+      using T = decltype(zero);
+      Args<T> a{B, N, 0, M, C, S, P, k[0], transition.typed_data<T>(), codes.typed_data(), table.typed_data<T>(),
+                nullptr, nullptr, pi.typed_data<T>(), w.typed_data<T>()};
+      a.loglik = loglik->typed_data<T>();
+      T* parts = partials->typed_data<T>();
+      T* scales = log_scales->typed_data<T>();
+      const int64_t block = block_patterns(a, Pass::kKeep);
+      const int n = num_chunks(1, work, C, S, P, block);
+      Pool::get().run(n, [&](int i) {
+        int64_t pb, pe;
+        chunk_range(i, n, P, block, pb, pe);
+        if (pb < pe) run_update_chunk<T>(a, u, parts, scales, pb, pe);
+      });
+    };
+    switch (dtype) {
+      case ffi::DataType::F64: run(double(0)); break;
+      case ffi::DataType::F32: run(float(0)); break;
+      default: return bad("only float64 and float32 are supported");
+    }
+    return ffi::Error::Success();
+  });
+}
+
 }  // namespace jaxphylo
 
 #define JAXPHYLO_TREE_ARGS                 \
@@ -743,6 +849,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxphylo_pre_order_cotangents, jaxphylo::PreOrderI
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxphylo_cotangents, jaxphylo::CotangentsImpl,
                               ffi::Ffi::Bind() JAXPHYLO_TREE_ARGS.Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+
+// (transition [B,M,C,S,S], tip_codes, tip_table, partials [B,2,N-1,C,P,S], log_scales [B,2,N-1,P], buffer [B,N-1],
+//  children [B,M,2], operations [B,Q], counts [B], root [B], pi, w) -> (log L [B, P], partials, log_scales), the
+// last two aliased to the inputs and updated in place for the listed nodes only
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jaxphylo_update_partials, jaxphylo::UpdateImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());

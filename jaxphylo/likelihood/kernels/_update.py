@@ -1,0 +1,103 @@
+"""Incremental post-order: recompute only the nodes of an operation list, in place, by node id (XLA).
+
+The partials a sampler keeps between generations are indexed by *node id*
+(not by schedule slot, which moves when the topology does) and double
+buffered, as BEAGLE's and MrBayes's are: row `[b, k, v - N]` of
+`partials [B, 2, M - N, C, P, S]` and `log_scales [B, 2, M - N, P]` is buffer
+`k` of internal node `v` of chain `b`, and `buffer [B, M - N]` says which of
+the two holds the tree being evaluated. An operation list `operations [B, Q]`
+(internal node ids, children before parents, `counts [B]` of them real)
+names the nodes to recompute; each is written into its `buffer` row, its
+children read from theirs (a child not in the list keeps the row it had).
+A node's step is the same as the level passes' (`_xla`): `p_v = (P_a p_a) *
+(P_b p_b)`, rescaled by its maximum over categories and states per pattern,
+the log of that factor kept per node. Then, with the root's rescaled
+partials, `log L_c = log(sum_r w_r pi^T p_root,r,c) + sum_v log scale_v,c`
+over every internal node (each at its `buffer` row).
+
+`update_partials` is the XLA version: one loop iteration per position of the
+longest list in the batch, each chain computing its own node of that
+position (past a chain's count its list holds clean nodes, written into their
+unused buffer). The C++ kernel (`_cpu.update_partials`) walks the
+same lists and does no work for positions past a chain's count.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jaxtyping import Array, Float, Int
+
+from ._xla import apply_transition, rescale, root_sum
+
+
+def update_partials(
+    transition: Float[Array, "B M C S S"],
+    tip_codes: Int[Array, "tips_plus_one patterns"],
+    tip_table: Float[Array, "codes S"],
+    partials: Float[Array, "B 2 I C patterns S"],
+    log_scales: Float[Array, "B 2 I patterns"],
+    buffer: Int[Array, "B I"],
+    children: Int[Array, "B M 2"],
+    operations: Int[Array, "B Q"],
+    counts: Int[Array, " B"],
+    root: Int[Array, " B"],
+    root_frequencies: Float[Array, "B S"],
+    category_weights: Float[Array, "B C"],
+) -> tuple[Float[Array, "B 2 I C patterns S"], Float[Array, "B 2 I patterns"], Float[Array, "B patterns"]]:
+    """Recompute the listed nodes into their `buffer` rows; `(partials, log_scales, log L_c [B, patterns])`."""
+    b, _, internal = partials.shape[:3]
+    num_tips = tip_codes.shape[0] - 1
+    batch = jnp.arange(b)
+
+    def node(i, carry):
+        partials, log_scales = carry
+        v = operations[:, i]
+        kids = children[batch, v]  # [B, 2]
+        is_tip = kids < num_tips
+        rows = jnp.where(is_tip, 0, kids - num_tips)
+        inner = _read(partials, buffer[batch[:, None], rows], rows)  # [B, 2, C, P, S]
+        tips = tip_table[tip_codes[jnp.where(is_tip, kids, num_tips)]][:, :, None]  # [B, 2, 1, P, S]
+        x = jnp.where(is_tip[..., None, None, None], tips, inner)
+        messages = apply_transition(transition[batch[:, None], kids], x)
+        p, log_scale = rescale(messages[:, 0] * messages[:, 1])
+        # Past a chain's count its list holds clean nodes: write into their other buffer, which this
+        # proposal never reads (no scatter with dropped rows, which a CPU runs element by element).
+        row = v - num_tips
+        to = jnp.where(i < counts, buffer[batch, row], 1 - buffer[batch, row])
+        return _write(partials, p, to, row), _write(log_scales, log_scale, to, row)
+
+    partials, log_scales = lax.fori_loop(0, jnp.max(counts), node, (partials, log_scales))
+    return partials, log_scales, log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
+                                                 category_weights, num_tips)
+
+
+def log_likelihoods(partials, log_scales, buffer, root, root_frequencies, category_weights,
+                    num_tips: int) -> Float[Array, "B patterns"]:
+    """`log L_c` from the root's rows and every internal node's log scale factors (each at its `buffer` row)."""
+    batch = jnp.arange(partials.shape[0])
+    row = root - num_tips
+    root_partials = partials[batch, buffer[batch, row], row]
+    scales = jnp.take_along_axis(log_scales, buffer[:, None, :, None], axis=1)[:, 0]
+    return jnp.log(root_sum(root_partials, root_frequencies, category_weights)) + jnp.sum(scales, axis=1)
+
+
+def _read(buffer, which, rows):
+    """`buffer[b, which[b, k], rows[b, k]]`: `[B, K, ...]` (on a CPU as slices: XLA's CPU gather goes element by
+    element)."""
+    if jax.default_backend() != "cpu":
+        return buffer[jnp.arange(buffer.shape[0])[:, None], which, rows]
+    return jnp.stack([jnp.stack([lax.dynamic_index_in_dim(lax.dynamic_index_in_dim(buffer[b], which[b, k], 0, False),
+                                                          rows[b, k], 0, False)
+                                 for k in range(which.shape[1])]) for b in range(buffer.shape[0])])
+
+
+def _write(buffer, rows, which, at):
+    """`buffer[b, which[b], at[b]] = rows[b]` for every chain, in place (on a CPU one slice update per chain)."""
+    if jax.default_backend() != "cpu":
+        return buffer.at[jnp.arange(buffer.shape[0]), which, at].set(rows)
+    for b in range(buffer.shape[0]):
+        start = tuple(jnp.asarray(x, jnp.int32) for x in (b, which[b], at[b]) + (0,) * (buffer.ndim - 3))
+        buffer = lax.dynamic_update_slice(buffer, rows[b][None, None, None], start)
+    return buffer
