@@ -201,3 +201,51 @@ def test_tree_prior_options_are_checked_in_one_line(rsv2_subset, tmp_path, capsy
                      "--out", str(tmp_path / "bad"), "--dry-run"]) == 2
     error = capsys.readouterr().err.strip()
     assert message in error and "\n" not in error and "Traceback" not in error
+
+
+def test_free_topology_tree_priors():
+    """The free-topology sampler's tree prior (its coordinates: log N0 flat, g with its Laplace) is the library
+    density plus the hyperparameters' priors; a fixed skygrid precision drops the Gamma term and reads the
+    precision from `fixed`."""
+    from jaxphylo.inference.dated import DatedPosterior
+    from jaxphylo.models import ModelCoordinates
+
+    time, heights = serial_tree()
+    nodes = all_heights(time, heights)
+    n = time.num_tips
+
+    def posterior(tree_prior, **extra):
+        return DatedPosterior(None, ModelCoordinates(jp.parse_model("JC"), frozenset()), jnp.asarray(time.tip_heights),
+                              jnp.zeros(0, jnp.int32), jnp.zeros((2, 0)), (), jnp.float64, n, "strict", tree_prior,
+                              prior_only=True, **extra)
+
+    params = {"log_population_size": jnp.asarray(math.log(0.8)), "growth_rate": jnp.asarray(-0.7)}
+    value = posterior("exponential", growth_rate_scale=2.0)._tree_prior(nodes, params)
+    expected = (float(ExponentialCoalescent(time, 0.8, -0.7).log_prob(heights))
+                + float(dist.Laplace(0.0, 2.0).log_prob(-0.7)))
+    assert float(value) == pytest.approx(expected, rel=1e-12)
+    grid = (0.5, 1.0, 1.5)
+    skygrid = {"skygrid_first": jnp.asarray(0.1), "skygrid_steps": jnp.array([0.3, -0.2, 0.5])}
+    sampled = posterior("skygrid", grid=grid)._tree_prior(nodes, dict(skygrid, log_skygrid_precision=jnp.log(4.0)))
+    fixed = posterior("skygrid", grid=grid, fixed=(("log_skygrid_precision", math.log(4.0)),))._tree_prior(nodes,
+                                                                                                           skygrid)
+    gamma_in_log = float(dist.Gamma(0.001, 0.001).log_prob(4.0)) + math.log(4.0)  # with its log Jacobian
+    assert float(fixed) == pytest.approx(float(sampled) - gamma_in_log, rel=1e-12)
+
+
+def test_sample_free_topology_with_exponential_growth(rsv2_subset, tmp_path):
+    """`--topology free --tree-prior exponential` logs BEAST's `exponential.popSize` and
+    `exponential.growthRate`; with the skygrid's precision fixed, no precision column."""
+    from jaxphylo import cli
+    from jaxphylo.inference.dated import column_names
+    from jaxphylo.models import ModelCoordinates
+
+    common = [str(rsv2_subset / "aln.fasta"), "--clock", "strict", "--dates", str(rsv2_subset / "dates.tsv"),
+              "-m", "JC", "--chains", "1", "--warmup", "2", "--samples", "4", "--sample-every", "5", "--no-progress"]
+    assert cli.main(["sample", *common, "--tree-prior", "exponential", "--out", str(tmp_path / "exp")]) == 0
+    rows = [line.split("\t") for line in (tmp_path / "exp" / "chain1.log").read_text().splitlines()]
+    size, growth = rows[0].index("exponential.popSize"), rows[0].index("exponential.growthRate")
+    assert len(rows) == 7 and all(float(row[size]) > 0 and math.isfinite(float(row[growth])) for row in rows[1:])
+    coordinates = ModelCoordinates(jp.parse_model("JC"), frozenset())
+    names = column_names("strict", "skygrid", 3, coordinates, True, precision_fixed=True)
+    assert "skygrid.logPopSize3" in names and "skygrid.precision" not in names

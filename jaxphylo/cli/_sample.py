@@ -15,7 +15,7 @@ from ._common import (
     model_or_partitions, partition_choice, require_part_models,
 )
 
-FREE_TREE_PRIORS = ("coalescent", "skygrid", "yule", "birth-death")  # the last two: contemporaneous tips
+FREE_TREE_PRIORS = ("coalescent", "exponential", "skygrid", "yule", "birth-death")  # the last two: contemporaneous tips
 
 
 def add_command(commands) -> None:
@@ -181,9 +181,6 @@ def _run_free_topology(args) -> None:
     if prior not in FREE_TREE_PRIORS:
         raise JaxphyloError(f"--topology free: the tree prior is one of {', '.join(FREE_TREE_PRIORS)}, not {prior!r}")
     _check_tree_prior_options(args, prior)
-    if args.skygrid_precision is not None:
-        raise JaxphyloError("--skygrid-precision is not yet available with --topology free: give a TREE "
-                            "(--topology fixed)")
     path = jp.example_paths()[0] if args.example else args.alignment
     alignment = jp.read_alignment(path, data_type=args.data_type, genetic_code=args.genetic_code)
     tree = jp.read_tree(args.tree) if args.tree else None
@@ -207,7 +204,8 @@ def _run_free_topology(args) -> None:
         return
     result = dated_mcmc(alignment, args.model or SAMPLE_MODEL, tip_dates, clock=args.clock, tree_prior=prior,
                         tree=tree, settings=settings, skygrid_intervals=args.skygrid_intervals,
-                        skygrid_cutoff=args.skygrid_cutoff, seed=args.seed, precision=args.precision, out=args.out,
+                        skygrid_cutoff=args.skygrid_cutoff, skygrid_precision=args.skygrid_precision,
+                        growth_rate_scale=args.growth_rate_scale, seed=args.seed, precision=args.precision, out=args.out,
                         resume=args.resume, progress=progress, stop=args.stop, burnin=burnin)
     rows = result.summary()
     print(f"{'parameter':<24}{'median':>14}{'95% HPD':>32}{'ESS':>9}")

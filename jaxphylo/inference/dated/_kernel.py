@@ -5,7 +5,8 @@ rooted time tree as arrays (`parents [M]`, `heights [M]`, see `moves/_time_tree.
 parameters in unconstrained coordinates: the clock rate (`log`), the
 relaxed clock's spread (`log`) and per-branch normal deviates `z` (the branch
 above node `v` has rate `mu exp(s z_v - s^2 / 2)`), the coalescent's
-population size (`log`) or skygrid (first log size, log precision, steps),
+population size (`log`), the exponential-growth coalescent's (`log N0`, growth
+rate), or skygrid (first log size, log precision, steps),
 Yule's birth rate (`log`) or birth–death's net diversification `lambda - mu`
 (`log`) and turnover `mu / lambda` (`logit`), and the substitution model's
 free parameters (`ModelCoordinates`); its adaptation is HMC's mass matrix), and `build_kernel` gives
@@ -27,8 +28,10 @@ below `i` (Ji et al. 2021), with log-Jacobian
     log |dh/dz| = z_root + sum_(i not root) [log(h_parent(i) - l_i) + log r_i + log(1 - r_i)].
 
 Priors (those of `jaxphylo sample` for dated trees): the coalescent on the
-node heights (constant size with the 1/N prior, or a skygrid with a
-Gaussian random walk on the log sizes and a Gamma(0.001, 0.001) precision),
+node heights (constant size with the 1/N prior; exponential growth, BEAST's
+`N(t) = N0 exp(-g t)`, with 1/N0 and Laplace(0, `growth_rate_scale`) on `g`; or
+a skygrid with a Gaussian random walk on the log sizes and a Gamma(0.001, 0.001)
+precision, or the precision fixed),
 or for contemporaneous tips Yule (1/x on the birth rate) or birth–death (1/x
 on `lambda - mu`, Uniform(0, 1) on `mu / lambda`), each the density of the
 labelled history as the coalescent's is (`birth_death_times_log_density`),
@@ -60,7 +63,9 @@ from ..base import MCMCState, Proposal, check_moves, draw_moves, mixture
 from ..moves import (
     HMC_START_STEP, HMC_TARGET_ACCEPTANCE, ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, leapfrog_trajectory, propose_time_tree,
 )
-from ..priors import birth_death_times_log_density, coalescent_times_log_density
+from ..priors import (
+    birth_death_times_log_density, coalescent_times_log_density, exponential_coalescent_times_log_density,
+)
 
 DATED_MOVES = TIME_TREE_MOVES + ("hmc",)
 # BEAST 1.10's default operator weights for a time tree (uniform 30 halved: HMC moves the heights too)
@@ -121,12 +126,13 @@ class DatedPosterior(eqx.Module):
     dtype: object = eqx.field(static=True)
     num_tips: int = eqx.field(static=True)
     clock: str = eqx.field(static=True)  # "strict", "relaxed", or "none" (undated: rate 1)
-    tree_prior: str = eqx.field(static=True)  # "coalescent", "skygrid", "yule" or "birth-death"
+    tree_prior: str = eqx.field(static=True)  # "coalescent", "exponential", "skygrid", "yule" or "birth-death"
     grid: tuple = eqx.field(static=True, default=())  # skygrid grid points
     population_size: float | None = eqx.field(static=True, default=None)  # fixed (else a parameter)
     priors: object = None
     prior_only: bool = eqx.field(static=True, default=False)
     fixed: tuple = eqx.field(static=True, default=())  # (name, unconstrained value): tree-prior rates held fixed
+    growth_rate_scale: float = eqx.field(static=True, default=1.0)  # Laplace(0, scale) on the growth rate
 
     def branch_rates(self, params) -> Float[Array, "B M"] | Float[Array, "B 1"]:
         if self.clock == "none":
@@ -172,11 +178,18 @@ class DatedPosterior(eqx.Module):
         if self.tree_prior == "coalescent":
             log_size = jnp.log(self.population_size) if self.population_size else params["log_population_size"]
             return coalescent_times_log_density(heights, self.num_tips, log_size[None])  # 1/N: flat in log N
-        precision = jnp.exp(params["log_skygrid_precision"])
+        if self.tree_prior == "exponential":  # 1/N0: flat in log N0; Laplace(0, scale) on a sampled growth rate
+            growth, scale = self._rate(params, "growth_rate"), self.growth_rate_scale
+            density = exponential_coalescent_times_log_density(heights, self.num_tips,
+                                                               self._rate(params, "log_population_size"), growth)
+            fixed = "growth_rate" in dict(self.fixed)
+            return density if fixed else density - jnp.abs(growth) / scale - np.log(2 * scale)
+        log_precision = self._rate(params, "log_skygrid_precision")
+        precision = jnp.exp(log_precision)
         steps = params["skygrid_steps"]
         sizes = params["skygrid_first"] + jnp.concatenate([jnp.zeros(1), jnp.cumsum(steps)]) / jnp.sqrt(precision)
-        log_precision = params["log_skygrid_precision"]  # Gamma(0.001, 0.001) with its log Jacobian
-        log_gamma = 0.001 * jnp.log(0.001) - gammaln(0.001) + 0.001 * log_precision - 0.001 * precision
+        log_gamma = 0.0 if "log_skygrid_precision" in dict(self.fixed) else (  # Gamma(0.001, 0.001), log Jacobian
+            0.001 * jnp.log(0.001) - gammaln(0.001) + 0.001 * log_precision - 0.001 * precision)
         return (coalescent_times_log_density(heights, self.num_tips, sizes, self.grid) + log_gamma
                 - 0.5 * jnp.sum(steps**2) - 0.5 * np.log(2 * np.pi) * steps.shape[0])
 
