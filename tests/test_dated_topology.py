@@ -53,7 +53,8 @@ def coalescent_reference():
 
 
 @pytest.mark.parametrize("moves, generations", [
-    ({"narrow_exchange": 1, "subtree_slide": 1, "node_height": 1, "root_height": 1}, 30_000),
+    # 30,000 generations gave 0.004-0.0105 over four seeds: too close to the bound to tell a wrong kernel
+    ({"narrow_exchange": 1, "subtree_slide": 1, "node_height": 1, "root_height": 1}, 60_000),
     ({"wide_exchange": 1, "wilson_balding": 1, "hmc": 1}, 30_000),
     ({"subtree_slide": 1}, 120_000),  # alone it mixes slowly
 ])

@@ -79,7 +79,9 @@ class MCMCState(eqx.Module):
     """A batch of `B` chains of a Metropolis–Hastings sampler (every leaf `[B, ...]` but `generation`).
 
     `position` is the sampler's own point (a tree and its parameters); `adaptation` is what every generation
-    updates whatever the accept decision (HMC's running mass matrix), `()` when the sampler has none."""
+    updates whatever the accept decision (HMC's running mass matrix), `()` when the sampler has none; `cache`
+    is what the likelihood keeps between generations (every chain's partials, so that a move pays only for
+    the nodes it touched), `()` when it keeps nothing."""
 
     position: object
     log_likelihood: Float[Array, " B"]
@@ -89,6 +91,7 @@ class MCMCState(eqx.Module):
     proposed: Int[Array, "B moves"]  # counts, for acceptance rates
     accepted: Int[Array, "B moves"]
     generation: Int[Array, ""]  # generations done
+    cache: object = ()
 
 
 class MCMCInfo(eqx.Module):
@@ -110,18 +113,32 @@ class Proposal(eqx.Module):
     adaptation: object
 
 
-def init(position, log_posteriors, tunings: Float[Array, "B T"], adaptation, moves: int) -> MCMCState:
-    """Chains at `position`, scored by `log_posteriors(position) -> (log L [B], log prior [B])`."""
-    log_likelihood, log_prior = log_posteriors(position)
+def init(position, first_score, tunings: Float[Array, "B T"], adaptation, moves: int) -> MCMCState:
+    """Chains at `position`, scored by `first_score(position) -> (log L [B], log prior [B], cache)`."""
+    log_likelihood, log_prior, cache = first_score(position)
     zeros = jnp.zeros((tunings.shape[0], moves), jnp.int32)
-    return MCMCState(position, log_likelihood, log_prior, tunings, adaptation, zeros, zeros, jnp.zeros((), jnp.int32))
+    return MCMCState(position, log_likelihood, log_prior, tunings, adaptation, zeros, zeros, jnp.zeros((), jnp.int32),
+                     cache)
 
 
-def build_kernel(propose, log_posteriors, target_acceptance, tune_generations, bounds: tuple[float, float]):
+def uncached(log_posteriors):
+    """A score for samplers whose likelihood keeps nothing between generations: `(state, position) -> (log L,
+    log prior, ())` from `log_posteriors(position)`."""
+    return lambda state, position: (*log_posteriors(position), ())
+
+
+def keep_nothing(cache, proposed, accept):
+    return cache
+
+
+def build_kernel(propose, score, target_acceptance, tune_generations, bounds: tuple[float, float],
+                 keep=keep_nothing):
     """The Metropolis–Hastings kernel `step(key, state, beta=1) -> (state, info)` every sampler here runs.
 
     `propose(key, state, beta) -> Proposal` draws each chain's move (a mixture: `draw_moves`, `mixture`);
-    `log_posteriors(position) -> (log L, log prior)` scores every proposal in one batched call;
+    `score(state, position) -> (log L, log prior, cache)` scores every proposal in one batched call, from the
+    likelihood's `state.cache` where it keeps one, and `keep(state.cache, cache, accept)` is the cache of the
+    kept states (`uncached` and `keep_nothing` where there is none);
     `target_acceptance(slot) -> [B]` is each move's Robbins–Monro target, taken while
     `generation < tune_generations` (a traced number, so that the run's length does not change the program).
     Chains run at inverse temperatures `beta` (`[B]`, heating prior and likelihood together, as MrBayes does):
@@ -131,7 +148,7 @@ def build_kernel(propose, log_posteriors, target_acceptance, tune_generations, b
     def step(key, state: MCMCState, beta=1.0):
         k_move, k_accept = jax.random.split(key)
         proposal = propose(k_move, state, beta)
-        log_likelihood, log_prior = log_posteriors(proposal.position)
+        log_likelihood, log_prior, cache = score(state, proposal.position)
         log_ratio = beta * (log_likelihood - state.log_likelihood + log_prior - state.log_prior) + proposal.log_q
         accept = metropolis_hastings(k_accept, log_ratio, log_likelihood + log_prior)
         position, log_likelihood, log_prior = where(accept, (proposal.position, log_likelihood, log_prior),
@@ -140,7 +157,7 @@ def build_kernel(propose, log_posteriors, target_acceptance, tune_generations, b
         tunings = robbins_monro(state.tunings, proposal.slot, accept, target_acceptance(proposal.slot),
                                 state.generation, tune_generations, bounds)
         state = MCMCState(position, log_likelihood, log_prior, tunings, proposal.adaptation, proposed, accepted,
-                          state.generation + 1)
+                          state.generation + 1, keep(state.cache, cache, accept))
         return state, MCMCInfo(proposal.move, accept, log_ratio)
 
     return step

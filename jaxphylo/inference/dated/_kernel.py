@@ -335,7 +335,7 @@ def _target_acceptance(column):
 def build_kernel(posterior: DatedPosterior, settings: DatedSettings, tune_generations):
     """`step(key, state) -> (state, info)`: one generation of every chain (`base.build_kernel` with BEAST's tree
     operators and HMC as proposals), tunings within `[1e-6, 1e6]`."""
-    return base.build_kernel(_propose(posterior, settings, tune_generations), posterior.log_posteriors_at,
+    return base.build_kernel(_propose(posterior, settings, tune_generations), base.uncached(posterior.log_posteriors_at),
                              _target_acceptance, tune_generations, (1e-6, 1e6))
 
 
@@ -371,5 +371,5 @@ def init(parents, heights, params: dict, posterior: DatedPosterior) -> MCMCState
     root_height = jnp.max(heights, axis=1) - jnp.min(heights, axis=1)
     tunings = jnp.stack([START_SLIDE * root_height, jnp.full(b, ROOT_TUNING), jnp.full(b, HMC_START_STEP)], axis=1)
     theta_like = (heights, jnp.zeros((b, posterior.free_tips.shape[0]), heights.dtype), params)
-    return base.init(TimeTreePosition(parents, heights, params), posterior.log_posteriors_at,
+    return base.init(TimeTreePosition(parents, heights, params), lambda p: (*posterior.log_posteriors_at(p), ()),
                      tunings.astype(posterior.dtype), _mass_start(theta_like), len(DATED_MOVES))

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 from numpyro.infer.util import potential_energy
 
 from ..._errors import InputError
-from ...likelihood import batch_pattern_log_likelihoods
-from ...models import ModelCoordinates, sample_model
+from ...likelihood import accept_partials, batch_pattern_log_likelihoods, full_partials, proposed_partials
+from ...models import Model, ModelCoordinates, sample_model
 from ...tree import from_view, to_view
 from .. import base, tempered
 from ..base import MCMCState, Proposal, check_moves, draw_moves, mixture, where
@@ -68,6 +68,7 @@ class MC3Settings:
     moves: tuple = tuple(DEFAULT_MOVES.items())  # (name, weight) pairs; a dict is accepted
     hmc_steps: int = HMC_STEPS  # leapfrog steps of an HMC move
     branch_rate: float = 10.0  # edge lengths ~ Exponential(rate): MrBayes's brlenspr = unconstrained:exponential(10)
+    incremental: bool = True  # keep every chain's partials and recompute only what a move touched (False: all)
 
     def __post_init__(self):
         object.__setattr__(self, "moves", tuple(dict(self.moves).items()))  # hashable: a static argument
@@ -112,6 +113,48 @@ class Posterior(eqx.Module):
     priors: object = None  # {name: distribution} (distributions are pytrees)
     prior_only: bool = eqx.field(static=True, default=False)
     branch_rate: float = eqx.field(static=True, default=10.0)
+    incremental: bool = eqx.field(static=True, default=True)  # keep every chain's partials (one `Model` only)
+
+    @property
+    def keeps_partials(self) -> bool:
+        """Incremental likelihoods need one model and one set of lengths; partitioned models recompute all."""
+        return self.incremental and not self.prior_only and isinstance(self.coordinates.template, Model)
+
+    def _models(self, params):
+        has_params = bool(jax.tree.leaves(params))
+        return (jax.vmap(self.coordinates.model)(params) if has_params else self.coordinates.template), has_params
+
+    def first_score(self, position: UnrootedPosition):
+        """`(log L, log prior, partials)` of the chains' first positions (every node computed)."""
+        if not self.keeps_partials:
+            return (*self.log_posteriors(position), ())
+        parents, lengths = jax.vmap(from_view)(position.up, position.edge, position.root)
+        models, has_params = self._models(position.params)
+        partials, per = full_partials(models, parents, lengths, self.data, self.dtype, has_params)
+        return (jnp.sum(self.data.weights * per, axis=-1), self.log_priors(position.up, position.edge, position.params),
+                partials)
+
+    def score(self, state: MCMCState, position: UnrootedPosition):
+        """`(log L, log prior, partials)` of proposals, recomputing only the nodes above what each move changed.
+
+        The dirty nodes are found by comparing each chain's proposed tree with its current one (`state.position`,
+        whose partials `state.cache` holds); a chain whose model parameters moved recomputes every node."""
+        if not self.keeps_partials:
+            return (*self.log_posteriors(position), ())
+        at = state.position
+        parents, lengths = jax.vmap(from_view)(position.up, position.edge, position.root)
+        old_parents, old_lengths = jax.vmap(from_view)(at.up, at.edge, at.root)
+        moved = [jnp.any((new != old).reshape(new.shape[0], -1), axis=1)
+                 for new, old in zip(jax.tree.leaves(position.params), jax.tree.leaves(at.params))]
+        every_node = jnp.any(jnp.stack(moved), axis=0) if moved else None
+        models, has_params = self._models(position.params)
+        partials, per = proposed_partials(state.cache, models, parents, lengths, old_parents, old_lengths, self.data,
+                                          self.dtype, has_params, every_node)
+        return (jnp.sum(self.data.weights * per, axis=-1), self.log_priors(position.up, position.edge, position.params),
+                partials)
+
+    def keep(self, partials, proposed, accept):
+        return accept_partials(partials, proposed, accept) if self.keeps_partials else partials
 
     def log_posteriors(self, position: UnrootedPosition):
         """`(log L, log prior)` of every chain's position."""
@@ -208,8 +251,8 @@ def move_weights(settings: MC3Settings, has_params: bool) -> jax.Array:
 def build_kernel(posterior: Posterior, settings: MC3Settings, tune_generations, has_params: bool):
     """`step(key, state) -> (state, info)`: one generation of every chain (`base.build_kernel` with MC³'s
     proposals), at its heat, then the heat swaps (`tempered.tempered`)."""
-    step = base.build_kernel(_propose(posterior, settings, move_weights(settings, has_params)),
-                             posterior.log_posteriors, _target_acceptance, tune_generations, (1e-4, 20.0))
+    step = base.build_kernel(_propose(posterior, settings, move_weights(settings, has_params)), posterior.score,
+                             _target_acceptance, tune_generations, (1e-4, 20.0), posterior.keep)
     return tempered.tempered(step, settings.runs, settings.chains, settings.temperature)
 
 
@@ -246,6 +289,17 @@ def run_block(state: tempered.TemperedState, key, posterior: Posterior, settings
                               lambda s: cold_chains(s, settings))
 
 
+def without_partials(state: tempered.TemperedState) -> tempered.TemperedState:
+    """The state a checkpoint keeps: the partials are left out (hundreds of MB on large alignments) and
+    `with_partials` computes them again, to the same bits (a node's partials depend on its subtree alone)."""
+    return eqx.tree_at(lambda s: s.chains.cache, state, ())
+
+
+@eqx.filter_jit
+def with_partials(state: tempered.TemperedState, posterior: Posterior) -> tempered.TemperedState:
+    return eqx.tree_at(lambda s: s.chains.cache, state, posterior.first_score(state.chains.position)[2])
+
+
 def init(trees, params, posterior: Posterior, settings: MC3Settings) -> tempered.TemperedState:
     """Chains started from kernel trees `(parents [B, M], lengths [B, M] or [B, M, K])` and parameters `[B, ...]`,
     run-major, heat `k` on chain `k` of every run."""
@@ -255,5 +309,5 @@ def init(trees, params, posterior: Posterior, settings: MC3Settings) -> tempered
     b = parents.shape[0]
     sites = [START_TUNING[support_kind(support)] for _, support in sorted(posterior.supports().items())]
     tunings = jnp.broadcast_to(jnp.asarray([MULTIPLIER_TUNING] * 3 + [HMC_START_STEP] + sites), (b, 4 + len(sites)))
-    chains = base.init(UnrootedPosition(up, edge, root, params), posterior.log_posteriors, tunings, (), len(MOVES))
+    chains = base.init(UnrootedPosition(up, edge, root, params), posterior.first_score, tunings, (), len(MOVES))
     return tempered.init(chains, settings.runs, settings.chains)

@@ -27,7 +27,7 @@ from ...tree import kernel_batch, phase_widths, random_topology_tree
 from ...likelihood import PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template
 from ...models import ModelCoordinates, PartitionedModel, describe_priors, model_record, parameter_names, resolve_model
 from ...io import nexus_trees_header
-from ._kernel import MC3Settings, MOVES, Posterior, init, run_block
+from ._kernel import MC3Settings, MOVES, Posterior, init, run_block, with_partials, without_partials
 from ._summary import RunSamples, asdsf, consensus_newick, convergence, split_frequencies, tree_newick
 
 
@@ -108,14 +108,15 @@ def mc3(
     trace: list = []
     run = BlockRun(None if out is None else Path(out) / "checkpoint.pkl", record, files.paths(), stop)
     if (saved := run.open(resume)) is not None:
-        state, key, trace = place_batch(from_numpy(saved["state"], state), mesh), saved["key"], saved["trace"]
+        saved_state = place_batch(from_numpy(saved["state"], without_partials(state)), mesh)
+        state, key, trace = with_partials(saved_state, posterior), saved["key"], saved["trace"]
         key = _placed_key(jnp.asarray(key), mesh)
         samples = [RunSamples.from_plain(plain) for plain in saved["samples"]]
     else:
         files.start()
 
     def payload():
-        return {"state": to_numpy(state), "key": np.asarray(to_host(key)), "samples": [s.to_plain() for s in samples],
+        return {"state": to_numpy(without_partials(state)), "key": np.asarray(to_host(key)), "samples": [s.to_plain() for s in samples],
                 "trace": trace}
 
     total = settings.generations // settings.sample_every
@@ -155,7 +156,8 @@ def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int
     data = place_data(search_data(alignment, starts, template), mesh)  # a partitioned model's parts side by side
     dtype = PRECISIONS[precision]
     widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b))
-    posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only, settings.branch_rate)
+    posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only, settings.branch_rate,
+                          settings.incremental)
     params = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
     lengths = search_lengths(starts.branch_lengths, template)
     trees = place_batch((starts.parents, lengths), mesh)
