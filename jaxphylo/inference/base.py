@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from .._errors import InputError
+from ..likelihood import full_partials, proposed_partials
 
 
 def check_moves(moves: tuple, known: tuple) -> None:
@@ -121,12 +122,6 @@ def init(position, first_score, tunings: Float[Array, "B T"], adaptation, moves:
                      cache)
 
 
-def uncached(log_posteriors):
-    """A score for samplers whose likelihood keeps nothing between generations: `(state, position) -> (log L,
-    log prior, ())` from `log_posteriors(position)`."""
-    return lambda state, position: (*log_posteriors(position), ())
-
-
 def keep_nothing(cache, proposed, accept):
     return cache
 
@@ -138,7 +133,7 @@ def build_kernel(propose, score, target_acceptance, tune_generations, bounds: tu
     `propose(key, state, beta) -> Proposal` draws each chain's move (a mixture: `draw_moves`, `mixture`);
     `score(state, position) -> (log L, log prior, cache)` scores every proposal in one batched call, from the
     likelihood's `state.cache` where it keeps one, and `keep(state.cache, cache, accept)` is the cache of the
-    kept states (`uncached` and `keep_nothing` where there is none);
+    kept states (`keep_nothing` where there is none);
     `target_acceptance(slot) -> [B]` is each move's Robbins–Monro target, taken while
     `generation < tune_generations` (a traced number, so that the run's length does not change the program).
     Chains run at inverse temperatures `beta` (`[B]`, heating prior and likelihood together, as MrBayes does):
@@ -179,3 +174,23 @@ def sample_blocks(step, state, key, count, block: int, sample_every, observe):
 
     (state, key), samples = jax.lax.scan(sampled, (state, key), jnp.arange(block))
     return state, key, samples
+
+
+def first_partials(models, per_chain_models: bool, tree, data, dtype):
+    """`(log L [B], partials)` of every chain's kernel tree `(parents [B, M], lengths [B, M])`, every node
+    computed: the start of a sampler that keeps its partials (`likelihood.full_partials`)."""
+    partials, per = full_partials(models, *tree, data, dtype, per_chain_models)
+    return jnp.sum(data.weights * per, axis=-1), partials
+
+
+def proposed_log_likelihoods(partials, models, per_chain_models: bool, tree, current_tree, params, current_params,
+                             data, dtype):
+    """`(log L [B], partials)` of proposed kernel trees from the current ones' `partials`: only the nodes above
+    an edge whose parent or length changed are recomputed, and every node of a chain whose model parameters
+    (`params`, a pytree of `[B, ...]`) moved (`likelihood.proposed_partials`)."""
+    moved = [jnp.any((new != old).reshape(new.shape[0], -1), axis=1)
+             for new, old in zip(jax.tree.leaves(params), jax.tree.leaves(current_params))]
+    every_node = jnp.any(jnp.stack(moved), axis=0) if moved else None
+    partials, per = proposed_partials(partials, models, *tree, *current_tree, data, dtype, per_chain_models,
+                                      every_node)
+    return jnp.sum(data.weights * per, axis=-1), partials

@@ -55,9 +55,9 @@ from jaxtyping import Array, Float
 from numpyro.infer.util import potential_energy
 
 from ..._errors import InputError
-from ...likelihood import batch_pattern_log_likelihoods
+from ...likelihood import accept_partials, batch_pattern_log_likelihoods
 from ...tree import anchors_on, ratio_coordinates_on, ratio_heights_on, ratio_log_jacobian_on
-from ...models import ModelCoordinates, sample_model
+from ...models import Model, ModelCoordinates, sample_model
 from .. import base
 from ..base import MCMCState, Proposal, check_moves, draw_moves, mixture
 from ..moves import (
@@ -86,6 +86,7 @@ class DatedSettings:
     moves: tuple = tuple(DEFAULT_DATED_MOVES.items())  # (name, weight) pairs; a dict is accepted
     hmc_steps: int = 10
     adapt_mass: bool = True  # a diagonal mass matrix for HMC from the tuning phase's coordinates
+    incremental: bool = True  # keep every chain's partials and recompute only what a move touched (False: all)
 
     def __post_init__(self):
         object.__setattr__(self, "moves", tuple(dict(self.moves).items()))
@@ -133,6 +134,43 @@ class DatedPosterior(eqx.Module):
     prior_only: bool = eqx.field(static=True, default=False)
     fixed: tuple = eqx.field(static=True, default=())  # (name, unconstrained value): tree-prior rates held fixed
     growth_rate_scale: float = eqx.field(static=True, default=1.0)  # Laplace(0, scale) on the growth rate
+    incremental: bool = eqx.field(static=True, default=True)  # keep every chain's partials (one `Model` only)
+
+    @property
+    def keeps_partials(self) -> bool:
+        return self.incremental and not self.prior_only and isinstance(self.coordinates.template, Model)
+
+    def _models(self, params):
+        model = params.get("model", {})
+        has_params = bool(jax.tree.leaves(model))
+        return (jax.vmap(self.coordinates.model)(model) if has_params else self.coordinates.template), has_params
+
+    def _kernel_tree(self, position: TimeTreePosition):
+        lengths = self.branch_lengths(position.parents, position.heights, position.params)
+        return position.parents, jnp.broadcast_to(lengths, position.parents.shape)
+
+    def first_score(self, position: TimeTreePosition):
+        """`(log L, log prior, partials)` of the chains' first positions (every node computed)."""
+        if not self.keeps_partials:
+            return (*self.log_posteriors_at(position), ())
+        log_likelihood, partials = base.first_partials(*self._models(position.params), self._kernel_tree(position),
+                                                       self.data, self.dtype)
+        return log_likelihood, self.log_priors(position.parents, position.heights, position.params), partials
+
+    def score(self, state: MCMCState, position: TimeTreePosition):
+        """`(log L, log prior, partials)` of proposals: a node's partials are recomputed only where its subtree's
+        topology or an edge length below it changed (a height move touches its node's edges; a clock-rate or
+        model move, every edge)."""
+        if not self.keeps_partials:
+            return (*self.log_posteriors_at(position), ())
+        at = state.position
+        log_likelihood, partials = base.proposed_log_likelihoods(
+            state.cache, *self._models(position.params), self._kernel_tree(position), self._kernel_tree(at),
+            position.params.get("model", {}), at.params.get("model", {}), self.data, self.dtype)
+        return log_likelihood, self.log_priors(position.parents, position.heights, position.params), partials
+
+    def keep(self, partials, proposed, accept):
+        return accept_partials(partials, proposed, accept) if self.keeps_partials else partials
 
     def branch_rates(self, params) -> Float[Array, "B M"] | Float[Array, "B 1"]:
         if self.clock == "none":
@@ -335,8 +373,8 @@ def _target_acceptance(column):
 def build_kernel(posterior: DatedPosterior, settings: DatedSettings, tune_generations):
     """`step(key, state) -> (state, info)`: one generation of every chain (`base.build_kernel` with BEAST's tree
     operators and HMC as proposals), tunings within `[1e-6, 1e6]`."""
-    return base.build_kernel(_propose(posterior, settings, tune_generations), base.uncached(posterior.log_posteriors_at),
-                             _target_acceptance, tune_generations, (1e-6, 1e6))
+    return base.build_kernel(_propose(posterior, settings, tune_generations), posterior.score, _target_acceptance,
+                             tune_generations, (1e-6, 1e6), posterior.keep)
 
 
 class DatedSample(eqx.Module):
@@ -364,6 +402,16 @@ def run_block(state: MCMCState, key, posterior: DatedPosterior, settings: DatedS
                               settings.block, settings.sample_every, observe)
 
 
+def without_partials(state: MCMCState) -> MCMCState:
+    """The state a checkpoint keeps: no partials (`with_partials` computes them again, to the same bits)."""
+    return eqx.tree_at(lambda s: s.cache, state, ())
+
+
+@eqx.filter_jit
+def with_partials(state: MCMCState, posterior: DatedPosterior) -> MCMCState:
+    return eqx.tree_at(lambda s: s.cache, state, posterior.first_score(state.position)[2])
+
+
 def init(parents, heights, params: dict, posterior: DatedPosterior) -> MCMCState:
     """Chains started from time trees `parents [B, M]`, `heights [B, M]` and unconstrained `params` `[B, ...]`."""
     parents, heights = jnp.asarray(parents, jnp.int32), jnp.asarray(heights, posterior.dtype)
@@ -371,5 +419,5 @@ def init(parents, heights, params: dict, posterior: DatedPosterior) -> MCMCState
     root_height = jnp.max(heights, axis=1) - jnp.min(heights, axis=1)
     tunings = jnp.stack([START_SLIDE * root_height, jnp.full(b, ROOT_TUNING), jnp.full(b, HMC_START_STEP)], axis=1)
     theta_like = (heights, jnp.zeros((b, posterior.free_tips.shape[0]), heights.dtype), params)
-    return base.init(TimeTreePosition(parents, heights, params), lambda p: (*posterior.log_posteriors_at(p), ()),
+    return base.init(TimeTreePosition(parents, heights, params), posterior.first_score,
                      tunings.astype(posterior.dtype), _mass_start(theta_like), len(DATED_MOVES))

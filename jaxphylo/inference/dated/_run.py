@@ -30,7 +30,9 @@ from ...tree import Tree, phase_widths, random_topology_tree, start_heights, tim
 from ...likelihood import PRECISIONS, max_step_width, pattern_data
 from ...models import ModelCoordinates, describe_priors, model_record, parameter_names, resolve_model
 from ..nuts import rate_guess
-from ._kernel import DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, init, run_block
+from ._kernel import (
+    DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, init, run_block, with_partials, without_partials,
+)
 from ._start import start_time_tree
 from ._summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
 
@@ -122,13 +124,14 @@ def dated_mcmc(
     run = BlockRun(None if out is None else Path(out) / "checkpoint.pkl", record, files.paths(), stop)
     key = jax.random.PRNGKey(seed)
     if (saved := run.open(resume)) is not None:
-        state, samples = from_numpy(saved["state"], state), TimeTreeSamples.from_plain(saved["samples"])
+        state = with_partials(from_numpy(saved["state"], without_partials(state)), posterior)
+        samples = TimeTreeSamples.from_plain(saved["samples"])
         key = jnp.asarray(saved["key"])
     else:
         files.start()
 
     def payload():
-        return {"state": to_numpy(state), "key": np.asarray(key), "samples": samples.to_plain()}
+        return {"state": to_numpy(without_partials(state)), "key": np.asarray(key), "samples": samples.to_plain()}
 
     total = settings.generations // settings.sample_every
     program, tune = settings.program(), np.int32(settings.tune_generations)
@@ -205,7 +208,8 @@ def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior
     fixed = (("log_skygrid_precision", float(np.log(skygrid_precision))),) if skygrid_precision else ()
     posterior = DatedPosterior(data, coordinates, jnp.asarray(tips, dtype), jnp.asarray(free, jnp.int32),
                                jnp.asarray(bounds[:, free], dtype), widths, dtype, len(tips), clock,
-                               tree_prior, grid, None, priors, prior_only, fixed, growth_rate_scale)
+                               tree_prior, grid, None, priors, prior_only, fixed, growth_rate_scale,
+                               settings.incremental)
     hyper = _hyper_start(clock, tree_prior, rate, root, intervals, len(parents))
     params = {"model": coordinates.start(), **{k: v for k, v in hyper.items() if k not in dict(fixed)}}
     params = jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x, dtype), (b,) + jnp.shape(x)), params)

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from numpyro.infer.util import potential_energy
 
 from ..._errors import InputError
-from ...likelihood import accept_partials, batch_pattern_log_likelihoods, full_partials, proposed_partials
+from ...likelihood import accept_partials, batch_pattern_log_likelihoods
 from ...models import Model, ModelCoordinates, sample_model
 from ...tree import from_view, to_view
 from .. import base, tempered
@@ -128,30 +128,20 @@ class Posterior(eqx.Module):
         """`(log L, log prior, partials)` of the chains' first positions (every node computed)."""
         if not self.keeps_partials:
             return (*self.log_posteriors(position), ())
-        parents, lengths = jax.vmap(from_view)(position.up, position.edge, position.root)
-        models, has_params = self._models(position.params)
-        partials, per = full_partials(models, parents, lengths, self.data, self.dtype, has_params)
-        return (jnp.sum(self.data.weights * per, axis=-1), self.log_priors(position.up, position.edge, position.params),
-                partials)
+        tree = jax.vmap(from_view)(position.up, position.edge, position.root)
+        log_likelihood, partials = base.first_partials(*self._models(position.params), tree, self.data, self.dtype)
+        return log_likelihood, self.log_priors(position.up, position.edge, position.params), partials
 
     def score(self, state: MCMCState, position: UnrootedPosition):
-        """`(log L, log prior, partials)` of proposals, recomputing only the nodes above what each move changed.
-
-        The dirty nodes are found by comparing each chain's proposed tree with its current one (`state.position`,
-        whose partials `state.cache` holds); a chain whose model parameters moved recomputes every node."""
+        """`(log L, log prior, partials)` of proposals, recomputing only the nodes above what each move changed
+        against the chain's current tree (`state.position`, whose partials `state.cache` holds)."""
         if not self.keeps_partials:
             return (*self.log_posteriors(position), ())
         at = state.position
-        parents, lengths = jax.vmap(from_view)(position.up, position.edge, position.root)
-        old_parents, old_lengths = jax.vmap(from_view)(at.up, at.edge, at.root)
-        moved = [jnp.any((new != old).reshape(new.shape[0], -1), axis=1)
-                 for new, old in zip(jax.tree.leaves(position.params), jax.tree.leaves(at.params))]
-        every_node = jnp.any(jnp.stack(moved), axis=0) if moved else None
-        models, has_params = self._models(position.params)
-        partials, per = proposed_partials(state.cache, models, parents, lengths, old_parents, old_lengths, self.data,
-                                          self.dtype, has_params, every_node)
-        return (jnp.sum(self.data.weights * per, axis=-1), self.log_priors(position.up, position.edge, position.params),
-                partials)
+        log_likelihood, partials = base.proposed_log_likelihoods(
+            state.cache, *self._models(position.params), jax.vmap(from_view)(position.up, position.edge, position.root),
+            jax.vmap(from_view)(at.up, at.edge, at.root), position.params, at.params, self.data, self.dtype)
+        return log_likelihood, self.log_priors(position.up, position.edge, position.params), partials
 
     def keep(self, partials, proposed, accept):
         return accept_partials(partials, proposed, accept) if self.keeps_partials else partials
