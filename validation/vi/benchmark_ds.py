@@ -7,7 +7,13 @@ importance-sampled log marginal likelihood (1,000 particles, repeated: mean and 
 q's split frequencies from the 10-run golden posterior (DS1 has one: `topology_posterior_pooled.tsv`), the wall
 time and the steps, beside the published figures (PhyloGen NeurIPS 2024, Tables 1-2: MrBayes stepping-stone,
 ARTree, VBPI). Writes a JSON file and the run's folder (trace, trees, splits, consensus, plot) beside it.
-`--max-time 50m` stops the training saved; the same command with `--resume` continues it.
+`--minutes 55` sizes the run to a wall-time budget: three blocks are timed first (compilation apart), then
+`--steps` becomes what fits in 90% of the budget less the estimates' time, and `--anneal` the fraction
+`--anneal-fraction` of it. `--max-time 50m` stops the training saved; the same command with `--resume` continues it.
+
+On a GPU (one command, about an hour):
+
+    python validation/vi/benchmark_ds.py --data DS1 --minutes 55 --particles 20 --out validation/vi/DS1_gpu.json
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 import jax  # noqa: E402
 
 import jaxphylo as jp  # noqa: E402
-from jaxphylo.inference.vi import VISettings, vi  # noqa: E402
+from jaxphylo.inference.mc3 import RunSamples  # noqa: E402
+from jaxphylo.inference.vi import VISettings, estimate, target_of, vi  # noqa: E402
 from jaxphylo.runtime import Interrupted, StopRequests, parse_duration  # noqa: E402
 from validation.mc3.golden import golden_split_probabilities  # noqa: E402
 
@@ -39,6 +47,29 @@ PUBLISHED = {
     "DS3": {"mrbayes_ss_log_ml": (-33735.44, 0.50), "artree_log_ml": (-33735.09, 0.09),
             "artree_elbo": (-33735.25, 0.08), "vbpi_elbo": (-33736.22, 0.02)},
 }
+
+
+def sized(alignment, settings: VISettings, args) -> tuple[VISettings, dict]:
+    """The settings with `steps` (a whole number of blocks) and `anneal` fitted to `args.minutes`, from three timed
+    blocks and one timed batch of the estimates (the same programs as the run's: compiled once, timed after)."""
+    stamps = []
+    probe = replace(settings, steps=3 * settings.block, anneal=0, repeats=1, importance=settings.eval_batch,
+                    tree_samples=1)
+    start = time.perf_counter()
+    fitted = vi(alignment, "JC", probe, seed=args.seed, progress=lambda *_: stamps.append(time.perf_counter()))
+    per_step = (stamps[-1] - stamps[-2]) / settings.block
+    one = time.perf_counter()
+    *_, parents, lengths, _ = estimate(fitted.q, target_of(alignment, "JC", settings), probe, jax.random.PRNGKey(1))
+    samples = RunSamples()
+    for k in range(len(parents)):  # the host's share: every tree's splits
+        samples.add(k, parents[k], lengths[k], alignment.taxa, [0.0])
+    batches = settings.repeats * -(-settings.importance // settings.eval_batch)
+    estimates = (time.perf_counter() - one) * batches
+    budget = 0.9 * args.minutes * 60 - (time.perf_counter() - start) - estimates
+    steps = max(1, int(budget / per_step) // settings.block) * settings.block
+    sized_settings = replace(settings, steps=steps, anneal=int(args.anneal_fraction * steps))
+    return sized_settings, {"seconds_per_step": per_step, "estimate_seconds": estimates, "steps": steps,
+                            "anneal": sized_settings.anneal, "probe_seconds": time.perf_counter() - start}
 
 
 def main(argv=None) -> int:
@@ -55,11 +86,16 @@ def main(argv=None) -> int:
     parser.add_argument("--importance", type=int, default=1000)
     parser.add_argument("--eval-batch", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--minutes", type=float, help="size --steps (and --anneal) to this wall-time budget")
+    parser.add_argument("--anneal-fraction", type=float, default=0.25, help="with --minutes: annealed share of steps")
     parser.add_argument("--max-time", help="stop the training saved after this long (e.g. 50m); --resume continues")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--out", required=True, help="JSON file; the run's folder is written beside it")
     args = parser.parse_args(argv)
 
+    if args.minutes and args.resume:
+        parser.error("--resume continues a run of given --steps/--anneal (the sized ones its first run printed), "
+                     "not --minutes")
     folder = Path(args.data) if Path(args.data).is_dir() else DATA / args.data
     name = folder.name
     alignment = jp.read_alignment(folder / "alignment.fasta")
@@ -69,6 +105,10 @@ def main(argv=None) -> int:
     out = Path(args.out)
     run_folder = out.with_suffix("")
     began = time.perf_counter()
+    calibration = None
+    if args.minutes:
+        settings, calibration = sized(alignment, settings, args)
+        print(f"calibration: {calibration}", flush=True)
 
     def progress(step, bound, elbo):
         print(f"step {step}\tbound {bound:.2f}\tELBO {elbo:.2f}\t{time.perf_counter() - began:.0f} s", flush=True)
@@ -89,6 +129,7 @@ def main(argv=None) -> int:
         "device": str(jax.devices()[0]), "platform": platform.platform(), "jax": jax.__version__,
         "settings": {k: getattr(settings, k) for k in ("steps", "particles", "learning_rate", "final_rate", "anneal",
                                                         "width", "depth", "block", "repeats", "importance")},
+        "calibration": calibration,
         "steps_done": result.steps,
         "training_seconds_this_session": round(result.seconds, 1),
         "total_seconds_this_session": round(total, 1),

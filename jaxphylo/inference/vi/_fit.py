@@ -88,16 +88,16 @@ def initial_fit_state(num_tips: int, settings: VISettings, seed: int) -> FitStat
     return FitState(q, opt_state, key, jnp.zeros((), jnp.int32))
 
 
-def beta_at(step, settings: VISettings):
-    if settings.anneal == 0:
-        return jnp.ones(())
-    return jnp.minimum(1.0, settings.beta_start + (1.0 - settings.beta_start) * step / settings.anneal)
+def beta_at(step, settings: VISettings, anneal):
+    """The likelihood's power at `step`: linear from `beta_start` to 1 over `anneal` steps (traced), then 1."""
+    rising = settings.beta_start + (1.0 - settings.beta_start) * step / jnp.maximum(anneal, 1)
+    return jnp.where(anneal > 0, jnp.minimum(1.0, rising), 1.0)
 
 
-def train_step(state: FitState, target: Target, settings: VISettings, steps) -> tuple[FitState, jax.Array]:
+def train_step(state: FitState, target: Target, settings: VISettings, steps, anneal) -> tuple[FitState, jax.Array]:
     """One Adam step along VIMCO's gradient; the trace row `(beta, L^, mean log w)`."""
     key, k_draw = jax.random.split(state.key)
-    beta = beta_at(state.step, settings)
+    beta = beta_at(state.step, settings, anneal)
 
     def loss(q):
         particles = draw(q, target, k_draw, settings.particles)
@@ -114,14 +114,15 @@ def train_step(state: FitState, target: Target, settings: VISettings, steps) -> 
 
 
 @eqx.filter_jit
-def run_block(state: FitState, target: Target, settings: VISettings, count, steps):
-    """`count` (<= `settings.block`) steps of a run of `steps` (both traced: one program for every length);
+def run_block(state: FitState, target: Target, settings: VISettings, count, steps, anneal):
+    """`count` (<= `settings.block`) steps of a run of `steps` annealed over `anneal` (all traced: one program for
+    every length);
     trace rows `[block, 3]` (rows past `count` are NaN)."""
     dynamic, static = eqx.partition(state, eqx.is_array)
 
     def one(dynamic, i):
         def advance(d):
-            new, row = train_step(eqx.combine(d, static), target, settings, steps)
+            new, row = train_step(eqx.combine(d, static), target, settings, steps, anneal)
             return eqx.filter(new, eqx.is_array), row
 
         def hold(d):

@@ -94,7 +94,7 @@ def target_of(alignment: Alignment, model, settings: VISettings, precision: str 
 def program_settings(settings: VISettings) -> VISettings:
     """The settings with what does not shape the training program set aside (a static argument: runs that
     differ only in length or estimates share one compilation)."""
-    return replace(settings, steps=1, repeats=1, importance=1, tree_samples=1)
+    return replace(settings, steps=1, anneal=0, repeats=1, importance=1, tree_samples=1)
 
 
 def vi(
@@ -144,7 +144,8 @@ def vi(
         run.stop_point(payload, f"after {int(state.step)} steps")
         first = int(state.step)
         count = min(settings.block, settings.steps - first)
-        state, rows = run_block(state, target, program, np.int32(count), np.int32(settings.steps))
+        state, rows = run_block(state, target, program, np.int32(count), np.int32(settings.steps),
+                                np.int32(settings.anneal))
         rows = [(first + i + 1,) + tuple(float(x) for x in row) for i, row in enumerate(np.asarray(rows)[:count])]
         trace.extend(rows)
         if trace_path is not None:
