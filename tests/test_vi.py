@@ -25,7 +25,7 @@ from conftest import StopAfter
 
 TAXA = tuple(f"t{i}" for i in range(5))
 # One training program for every test that trains (the block, particles, learning rate and widths shape it).
-SETTINGS = dict(particles=10, block=100, learning_rate=3e-3, width=16, depth=2, eval_batch=100)
+SETTINGS = dict(particles=10, block=100, learning_rate=3e-3, topology_rate=1.0, width=16, depth=2, eval_batch=100)
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +170,7 @@ def run_cli(*argv):
     return main(["vi", *map(str, argv)])
 
 
-CLI = ("--particles", 10, "--block", 100, "--lr", 3e-3, "--width", 16, "--repeats", 2, "--importance", 100,
+CLI = ("--particles", 10, "--block", 100, "--lr", 3e-3, "--topology-rate", 1.0, "--width", 16, "--repeats", 2, "--importance", 100,
        "--samples", 5)
 
 

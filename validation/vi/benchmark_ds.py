@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("--particles", type=int, default=10)
     parser.add_argument("--anneal", type=int, default=50_000, help="steps of likelihood annealing (ARTree's schedule)")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--topology-rate", type=float, default=0.1)
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--block", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=10)
@@ -99,7 +100,8 @@ def main(argv=None) -> int:
     folder = Path(args.data) if Path(args.data).is_dir() else DATA / args.data
     name = folder.name
     alignment = jp.read_alignment(folder / "alignment.fasta")
-    settings = VISettings(steps=args.steps, particles=args.particles, learning_rate=args.lr, anneal=args.anneal,
+    settings = VISettings(steps=args.steps, particles=args.particles, learning_rate=args.lr,
+                          topology_rate=args.topology_rate, anneal=args.anneal,
                           width=args.width, block=args.block, repeats=args.repeats, importance=args.importance,
                           eval_batch=args.eval_batch)
     out = Path(args.out)
@@ -127,8 +129,9 @@ def main(argv=None) -> int:
         "patterns": alignment.site_patterns().num_patterns,
         "protocol": "JC69, edges i.i.d. Exponential(10), uniform topologies",
         "device": str(jax.devices()[0]), "platform": platform.platform(), "jax": jax.__version__,
-        "settings": {k: getattr(settings, k) for k in ("steps", "particles", "learning_rate", "final_rate", "anneal",
-                                                        "width", "depth", "block", "repeats", "importance")},
+        "settings": {k: getattr(settings, k) for k in ("steps", "particles", "learning_rate", "topology_rate",
+                                                        "final_rate", "anneal", "width", "depth", "block", "repeats",
+                                                        "importance")},
         "calibration": calibration,
         "steps_done": result.steps,
         "training_seconds_this_session": round(result.seconds, 1),

@@ -35,6 +35,7 @@ class VISettings:
     particles: int = 10  # K: trees per step (VIMCO needs >= 2)
     learning_rate: float = 1e-3  # Adam's, both networks, at the start: cosine decay to `final_rate` x it at the end
     final_rate: float = 0.05
+    topology_rate: float = 0.1  # the topology network's learning rate as a fraction of the lengths' (ARTree: 1e-4 vs 1e-3)
     anneal: int = 0  # steps over which beta (likelihood's power) rises linearly from `beta_start` to 1; 0: none
     beta_start: float = 0.001
     width: int = 32  # node-feature size of both graph networks
@@ -52,8 +53,8 @@ class VISettings:
                 raise InputError(f"vi setting {name} must be at least 1, got {getattr(self, name)}")
         if self.particles < 2:
             raise InputError(f"--particles must be at least 2 (VIMCO's leave-one-out baselines), got {self.particles}")
-        if not self.learning_rate > 0:
-            raise InputError(f"--lr must be positive, got {self.learning_rate}")
+        if not self.learning_rate > 0 or not self.topology_rate > 0:
+            raise InputError(f"learning rates must be positive, got {self.learning_rate}, x{self.topology_rate}")
         if not self.branch_rate > 0:
             raise InputError(f"--branch-rate must be positive, got {self.branch_rate}")
         if self.anneal < 0 or not 0 < self.beta_start <= 1:
@@ -110,6 +111,8 @@ def train_step(state: FitState, target: Target, settings: VISettings, steps, ann
     updates, opt_state = settings.optimiser().update(grads, state.opt_state, params)
     rate = settings.learning_rate_at(state.step, steps)
     updates = jax.tree.map(lambda u: -rate * u, updates)  # ascent on the bound: descent on -surrogate
+    updates = eqx.tree_at(lambda u: u.topology, updates,
+                          jax.tree.map(lambda u: settings.topology_rate * u, updates.topology))
     return FitState(eqx.apply_updates(state.q, updates), opt_state, key, state.step + 1), row
 
 
