@@ -20,8 +20,8 @@ def add_command(subparsers) -> None:
                                                          "(e.g. JC, the benchmark's)")
     vi.add_argument("--steps", type=int, default=20_000, help="Adam steps (default 20000)")
     vi.add_argument("--particles", "-K", type=int, default=10, help="trees per step, scored in one batch (default 10)")
-    vi.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate for the lengths' network, cosine-decayed "
-                                                         "to 5%% (default 0.001)")
+    vi.add_argument("--lr", type=float, default=1e-3,
+                    help="Adam's learning rate for the lengths' network, cosine-decayed to 5%% (default 0.001)")
     vi.add_argument("--topology-rate", type=float, default=0.1,
                     help="the topology network's learning rate as a fraction of --lr (default 0.1, ARTree's ratio)")
     vi.add_argument("--anneal", type=int, default=0,

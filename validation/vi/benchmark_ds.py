@@ -29,13 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import jax  # noqa: E402
+import jax
 
-import jaxphylo as jp  # noqa: E402
-from jaxphylo.inference.mc3 import RunSamples  # noqa: E402
-from jaxphylo.inference.vi import VISettings, estimate, target_of, vi  # noqa: E402
-from jaxphylo.runtime import Interrupted, StopRequests, parse_duration  # noqa: E402
-from validation.mc3.golden import golden_split_probabilities  # noqa: E402
+import jaxphylo as jp
+from jaxphylo.inference.mc3 import RunSamples
+from jaxphylo.inference.vi import VISettings, estimate, target_of, vi
+from jaxphylo.runtime import Interrupted, StopRequests, parse_duration
+from validation.mc3.golden import golden_split_probabilities
 
 DATA = Path("/work/shared/data")
 # PhyloGen (NeurIPS 2024) Tables 1-2, copying ARTree's and PhyloGFN's: value (sd)

@@ -7,8 +7,13 @@ gradient (`_objective`), trained with optax (`_fit`) in resumable blocks
 (`_run`, on `runtime.BlockRun`).
 """
 
-from ._fit import VISettings as VISettings, estimate as estimate, initial_fit_state as initial_fit_state
-from ._fit import run_block as run_block
+from ._fit import (
+    VISettings as VISettings,
+    estimate as estimate,
+    initial_fit_state as initial_fit_state,
+    run_block as run_block,
+)
+from ._lengths import LengthModel as LengthModel
 from ._objective import (
     Target as Target,
     Variational as Variational,
@@ -16,6 +21,5 @@ from ._objective import (
     multi_sample_bound as multi_sample_bound,
     vimco_surrogate as vimco_surrogate,
 )
-from ._topology import TopologyModel as TopologyModel, all_choices as all_choices
-from ._lengths import LengthModel as LengthModel
 from ._run import VIResult as VIResult, plot_trace as plot_trace, target_of as target_of, vi as vi
+from ._topology import TopologyModel as TopologyModel, all_choices as all_choices

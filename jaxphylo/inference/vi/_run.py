@@ -25,7 +25,6 @@ from pathlib import Path
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..._errors import InputError
@@ -171,13 +170,13 @@ def _write_outputs(folder: Path, result: VIResult, parents, lengths) -> None:
     (folder / "summary.json").write_text(json.dumps(result.summary(), indent=1) + "\n")
     with open(folder / "splits.tsv", "w") as handle:
         handle.write("split\tfrequency\n")
-        for split, f in sorted(result.split_frequencies().items(), key=lambda item: (-item[1], sorted(item[0]))):
-            handle.write(",".join(sorted(split)) + f"\t{f:.4f}\n")
+        ranked = sorted(result.split_frequencies().items(), key=lambda item: (-item[1], sorted(item[0])))
+        handle.writelines(",".join(sorted(split)) + f"\t{f:.4f}\n" for split, f in ranked)
     (folder / "consensus.tree").write_text(result.consensus() + "\n")
     with open(folder / "samples.trees", "w") as handle:
         handle.write(nexus_trees_header(result.taxa))
-        for k in range(min(result.settings.tree_samples, len(parents))):
-            handle.write(f"\ttree q.{k + 1} = [&U] {tree_newick(parents[k], lengths[k], result.taxa)}\n")
+        handle.writelines(f"\ttree q.{k + 1} = [&U] {tree_newick(parents[k], lengths[k], result.taxa)}\n"
+                          for k in range(min(result.settings.tree_samples, len(parents))))
         handle.write("End;\n")
     plot_trace(result.trace, folder / "trace.png")
 
@@ -191,7 +190,7 @@ def plot_trace(trace: np.ndarray, path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(7, 4))
     window = max(1, len(trace) // 100)
-    smooth = lambda x: np.convolve(x, np.ones(window) / window, mode="valid")  # noqa: E731
+    smooth = lambda x: np.convolve(x, np.ones(window) / window, mode="valid")
     if len(trace):
         steps = trace[window - 1:, 0]
         axis.plot(steps, smooth(trace[:, 2]), label=f"K-sample bound (mean of {window})")

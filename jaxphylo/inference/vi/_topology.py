@@ -45,7 +45,8 @@ def star_tree(num_tips: int) -> tuple[Int[Array, " M"], Int[Array, ""]]:
     """The tree of taxa 0, 1, 2 in a kernel array of `2N - 1` nodes (absent nodes' parent -1), and `w`."""
     n = num_tips
     root = 2 * n - 2
-    parent = jnp.full(2 * n - 1, -1, jnp.int32).at[jnp.array([0, n, 1, 2])].set(jnp.array([root, root, n, n], jnp.int32))
+    nodes, parents = jnp.array([0, n, 1, 2]), jnp.array([root, root, n, n], jnp.int32)
+    parent = jnp.full(2 * n - 1, -1, jnp.int32).at[nodes].set(parents)
     return parent, jnp.asarray(n, jnp.int32)
 
 
