@@ -14,6 +14,7 @@ from .nuts import (
 )
 from .dated import DatedResult, DatedSettings, check_dated_inputs, dated_mcmc, rooted_time_tree, start_time_tree
 from .mc3 import DEFAULT_MOVES, MC3Result, MC3Settings, mc3
+from .vi import VIResult, VISettings, vi
 from .priors import (
     BirthDeath, ConstantCoalescent, ExponentialCoalescent, GammaDirichlet, NodeHeightPrior, NodeHeights, RatioTransform,
     Skygrid, Yule,
@@ -22,6 +23,7 @@ from .priors import (
 __all__ = [
     "dated_mcmc", "DatedSettings", "DatedResult", "check_dated_inputs", "start_time_tree", "rooted_time_tree",
     "MC3Result", "MC3Settings", "DEFAULT_MOVES", "mc3",
+    "VIResult", "VISettings", "vi",
     "PhyloCTMC", "PatternData", "pattern_data", "Analysis", "Prepared", "prepare", "unrooted", "PRIOR_SETS",
     "run_nuts", "Draws", "chunk_program", "progress_printer", "write_outputs",
     "sample_model", "initial_values", "default_priors", "MRBAYES_PRIORS",

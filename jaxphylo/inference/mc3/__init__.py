@@ -16,3 +16,9 @@ from ._run import (
     mc3 as mc3,
     starting_state as starting_state,
 )
+from ._summary import (
+    RunSamples as RunSamples,
+    consensus_newick as consensus_newick,
+    split_frequencies as split_frequencies,
+    tree_newick as tree_newick,
+)
