@@ -27,6 +27,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jax
@@ -45,21 +46,25 @@ sys.path.insert(0, str(ROOT / "validation" / "mc3"))
 CASES = {"DS1": ("JC", "JC69"), "carnivores": ("HKY+FO+G4", "HKY+G4")}
 
 
-def breakdown(alignment, model, priors, generations: int = 1000) -> dict:
-    """Milliseconds per generation: whole, moves and priors alone, one batched likelihood alone."""
-    settings = MC3Settings(runs=2, chains=4, generations=generations, sample_every=100, block=generations // 100)
+def breakdown(alignment, model, priors, generations: int = 1000, runs: int = 2) -> dict:
+    """Milliseconds per generation: whole (kept partials, the default; and every node recomputed, the
+    reference), moves and priors alone, one batched likelihood of every node alone."""
+    settings = MC3Settings(runs=runs, chains=4, generations=generations, sample_every=100, block=generations // 100)
     out = {}
-    for name, prior_only in (("generation_ms", False), ("moves_only_ms", True)):
-        posterior, state = starting_state(alignment, model, settings, priors=priors, prior_only=prior_only)
-        count = jnp.asarray(settings.block)
+    for name, prior_only, incremental in (("generation_ms", False, True), ("full_generation_ms", False, False),
+                                          ("moves_only_ms", True, True)):
+        settings = replace(settings, incremental=incremental)
+        posterior, state, key = starting_state(alignment, model, settings, priors=priors, prior_only=prior_only)
+        count, tune = jnp.asarray(settings.block), jnp.asarray(settings.tune_generations)
         began = time.perf_counter()
-        jax.block_until_ready(run_block(state, posterior, settings, count))
+        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
         compile_s = time.perf_counter() - began
         began = time.perf_counter()
-        jax.block_until_ready(run_block(state, posterior, settings, count))
+        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
         out[name] = 1e3 * (time.perf_counter() - began) / generations
         out[name.replace("_ms", "_first_call_s")] = compile_s
-    posterior, state = starting_state(alignment, model, settings, priors=priors)
+    posterior, state, _ = starting_state(alignment, model, settings, priors=priors)
+    state = state.chains.position
 
     @jax.jit
     def likelihoods(state, posterior):
@@ -123,6 +128,8 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--max-generations", type=int, nargs="+", default=[1_000_000, 100_000])
     parser.add_argument("--block", type=int, default=50)
+    parser.add_argument("--breakdown-runs", type=int, nargs="+", default=[2],
+                        help="runs (x 4 chains) of the per-generation breakdown; several: one row each")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-mrbayes", action="store_true")
     parser.add_argument("--no-run", action="store_true", help="no runs to the stop rule")
@@ -140,8 +147,10 @@ def main() -> None:
         priors = {k: v() for k, v in MRBAYES_PRIORS.items()} if "HKY" in ours_model else None
         row = {"case": case, "taxa": len(alignment.taxa), "sites": alignment.num_sites, "model": ours_model}
         if not args.no_breakdown:
-            row["breakdown"] = breakdown(alignment, ours_model, priors)
-            print(case, {k: round(v, 4) for k, v in row["breakdown"].items()}, flush=True)
+            row["breakdowns"] = {runs: breakdown(alignment, ours_model, priors, runs=runs) for runs in args.breakdown_runs}
+            row["breakdown"] = row["breakdowns"][args.breakdown_runs[0]]
+            for runs, b in row["breakdowns"].items():
+                print(case, runs, "runs", {k: round(v, 4) for k, v in b.items()}, flush=True)
         if not args.no_run:
             row["jaxphylo"] = ours_to_stop(alignment, ours_model, priors, max_generations, args.block, args.seed)
             row["mrbayes"] = None if args.no_mrbayes else mrbayes_to_stop(case, max_generations, args.seed)
@@ -154,11 +163,12 @@ def main() -> None:
                 lines.append(f"{case:<11}{program:<10}{r['generations']:>9}{r['wall_seconds']:>9.1f}"
                              f"{r['generations_per_second']:>9.0f}{r['final_asdsf']:>8.4f}  {ratio}")
                 print(lines[-1], flush=True)
-        b = row.get("breakdown")
-        if b:
-            lines.append(f"{case:<11}per generation: {b['generation_ms']:.3f} ms (moves alone {b['moves_only_ms']:.3f},"
-                         f" batched likelihood alone {b['likelihood_ms']:.3f}; its bytes"
-                         f" {b['likelihood_bytes'] / 1e6:.1f} MB); first block {b['generation_first_call_s']:.1f} s")
+        for runs, b in row.get("breakdowns", {}).items():
+            lines.append(f"{case:<11}{runs} runs x 4 chains, per generation: {b['generation_ms']:.3f} ms kept partials"
+                         f" ({1e3 / b['generation_ms']:.0f} gen/s), {b['full_generation_ms']:.3f} ms every node"
+                         f" (ratio {b['full_generation_ms'] / b['generation_ms']:.2f}); moves alone"
+                         f" {b['moves_only_ms']:.3f}, batched likelihood alone {b['likelihood_ms']:.3f}; first block"
+                         f" {b['generation_first_call_s']:.1f} s")
         record["rows"].append(row)
         save(record, args.out, "mc3")  # after every case: a run cut short keeps what it measured
     if args.hmc:

@@ -185,7 +185,7 @@ def check_spr_scores(alignment, model, data, trees, lengths, radius: int, log_l)
     """Every pruning's best regraft of `trees[0]`, built as a tree with its three fitted branches, has the log L
     that `spr_scores` gave it (`log_l(parents, lengths)` evaluates a batch of kernel trees)."""
     from jaxphylo.tree import phase_widths
-    from jaxphylo.ml._spr import regrafted_tree, spr_scores
+    from jaxphylo.ml import regrafted_tree, spr_scores
 
     n = len(alignment.taxa)
     scores = jax.jit(spr_scores, static_argnums=(5, 6, 7))(trees.parents[0], lengths[0], model, data, data.weights,

@@ -137,3 +137,19 @@ def test_no_module_imports_another_packages_private_module():
 def test_the_floors_name_every_package():
     tops = {_top(m) for m in MODULES}
     assert tops <= set(FLOOR), sorted(tops - set(FLOOR))
+
+
+SCRIPTS = [p for folder in ("tests", "benchmarks", "validation", "notebooks") for p in
+           (PACKAGE.parent / folder).rglob("*.py")]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_tests_and_benchmarks_use_public_names(script):
+    """Tests, benchmarks and validations import what a user can: no `jaxphylo` module path with a private part."""
+    private = []
+    for node in ast.walk(ast.parse(script.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+        private += [f"line {node.lineno}: {n}" for n in names
+                    if n.split(".")[0] == "jaxphylo" and any(part.startswith("_") for part in n.split(".")[1:])]
+    assert not private, private

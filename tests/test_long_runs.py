@@ -84,8 +84,7 @@ def run_cli(*args):
 
 
 def test_non_finite_likelihood_names_its_cause(tmp_path):
-    from jaxphylo.likelihood import pattern_data
-    from jaxphylo.likelihood._finite import check_start
+    from jaxphylo.likelihood import check_start, pattern_data
 
     result = run_cli("loglik", "--example", "-m", "HKY{4}+F{0.5,0.5,0,0}")
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr

@@ -27,8 +27,7 @@ from jaxphylo import ml
 from jaxphylo.runtime import Interrupted
 from jaxphylo.tree import phase_widths
 from jaxphylo.likelihood import batch_data_log_likelihoods, pattern_data
-from jaxphylo.ml._nni import apply_nnis, nni_scores
-from jaxphylo.ml._spr import regraft_edges
+from jaxphylo.ml import apply_nnis, nni_scores, regraft_edges
 from jaxphylo.tree import kernel_batch
 from conftest import StopAfter, check_spr_scores, dataset, require, sigterm_at_random_moment, write_fasta
 

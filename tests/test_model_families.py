@@ -25,7 +25,7 @@ from numpyro import handlers
 
 import jaxphylo as jp
 from conftest import dataset, require
-from jaxphylo._errors import ModelError
+from jaxphylo import ModelError
 from jaxphylo.models import ModelCoordinates, default_priors, sample_model
 from jaxphylo.models import resolve_model
 from jaxphylo.models import EMPIRICAL_MODELS, NAMED_DNA_MODELS, ConstrainedGTR, model_string

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxphylo as jp
-from jaxphylo._errors import InputError, ModelError
+from jaxphylo import InputError, ModelError
 from jaxphylo.ml import select_model
 from jaxphylo.ml.selection import (
     akaike_weights, default_candidates, fit_free_rate_sequences, information_criteria, parse_candidate,
@@ -84,11 +84,11 @@ def test_free_rate_stopping_rule():
 
 def test_free_rate_start_is_the_discrete_gamma():
     """+R k starts from Yang's k Gamma category means, computed on the host (no program per k): the model's own."""
-    from jaxphylo.ml.selection._batch_fit import _gamma_category_means
+    from jaxphylo.ml.selection import gamma_category_means
     from jaxphylo.models import discrete_gamma_rates
 
     for shape in (0.0202, 0.3, 1.0, 7.5, 990.0):
-        np.testing.assert_allclose(_gamma_category_means(shape, 3),
+        np.testing.assert_allclose(gamma_category_means(shape, 3),
                                    np.asarray(discrete_gamma_rates(np.float64(shape), 3)), rtol=1e-12)
 
 

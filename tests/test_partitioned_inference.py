@@ -22,8 +22,7 @@ from jaxphylo import ml
 from jaxphylo.tree import phase_widths
 from jaxphylo.io import read_partitions
 from jaxphylo.likelihood import batch_pattern_log_likelihoods
-from jaxphylo.ml._newton import node_branch_derivatives
-from jaxphylo.ml._nni import apply_nnis, nni_scores
+from jaxphylo.ml import apply_nnis, nni_scores, node_branch_derivatives
 from jaxphylo.tree import kernel_batch
 from jaxphylo.likelihood import partitioned_data
 
@@ -214,13 +213,14 @@ def test_partitioned_sample_and_mcmc(genes, tmp_path):
 
     from jaxphylo.inference import Analysis, prepare
     from jaxphylo.inference.mc3 import MC3Settings
-    from jaxphylo.inference.moves import from_view
+    from jaxphylo.tree import from_view
     from jaxphylo.inference.mc3 import starting_state
 
     truth, alignment_path, partition = genes
     alignment = jp.read_alignment(alignment_path)
     model = jp.partitioned_model(read_partitions(partition), alignment, default_model="HKY+G4")
-    posterior, state = starting_state(alignment, model, MC3Settings(runs=1, chains=2), seed=1)
+    posterior, tempered, _ = starting_state(alignment, model, MC3Settings(runs=1, chains=2), seed=1)
+    state = tempered.chains.position
     params = jax.tree.map(lambda x: x + 0.1 * jnp.arange(2.0).reshape((2,) + (1,) * (x.ndim - 1)), state.params)
     values = posterior.log_likelihoods(state.up, state.edge, state.root, params)
     parents, lengths = jax.vmap(from_view)(state.up, state.edge, state.root)
@@ -253,7 +253,8 @@ def test_partitioned_sample_and_mcmc(genes, tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "-p or -q" in bad.stderr, bad.stderr
     # MC³ with -Q: every chain's edges per part [B, M, K] (the moves' prior checks are in test_mc3.py).
     unlinked = jp.partitioned_model(read_partitions(partition), alignment, default_model="HKY+G4", link="unlinked")
-    posterior, state = starting_state(alignment, unlinked, MC3Settings(runs=1, chains=2), seed=1)
+    posterior, tempered, _ = starting_state(alignment, unlinked, MC3Settings(runs=1, chains=2), seed=1)
+    state = tempered.chains.position
     edge = state.edge * jnp.asarray([1.0, 2.5])
     values = posterior.log_likelihoods(state.up, edge, state.root, params)
     parents, lengths = jax.vmap(from_view)(state.up, edge, state.root)

@@ -23,7 +23,7 @@ from jaxphylo.inference import (
     sample_tip_heights, time_tree,
 )
 from jaxphylo.inference.nuts import Draws, column_labels, tip_height_draws
-from jaxphylo.inference.nuts._outputs import _columns
+from jaxphylo.inference.nuts import tracer_columns
 from jaxphylo.tree import all_heights
 from jaxphylo.io import TipDates, parse_date, read_tip_dates, tip_dates_from_names
 
@@ -307,7 +307,7 @@ def test_output_columns_name_the_sampled_taxa():
     assert labels == {"tip_dates": ["date_t1", "date_t4"]}
     draws = Draws({"tip_dates": np.array([[[2001.0, 2002.0]]]), "tip_heights_free": np.array([[[2.0, 3.0]]]),
                    "node_heights": np.zeros((1, 1, time.num_internal))}, {})
-    assert [name for name, _ in _columns(draws.samples, labels)] == ["date_t1", "date_t4", "node_heights.1",
+    assert [name for name, _ in tracer_columns(draws.samples, labels)] == ["date_t1", "date_t4", "node_heights.1",
                                                                      "node_heights.2", "node_heights.3",
                                                                      "node_heights.4", "node_heights.5",
                                                                      "node_heights.6"]

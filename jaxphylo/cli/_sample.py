@@ -15,7 +15,7 @@ from ._common import (
     model_or_partitions, partition_choice, require_part_models,
 )
 
-FREE_TREE_PRIORS = ("coalescent", "skygrid", "yule", "birth-death")  # the last two: contemporaneous tips
+FREE_TREE_PRIORS = ("coalescent", "exponential", "skygrid", "yule", "birth-death")  # the last two: contemporaneous tips
 
 
 def add_command(commands) -> None:
@@ -33,7 +33,8 @@ def add_command(commands) -> None:
                                         "intervals (sampled); NA to estimate (needs --clock)")
     sample.add_argument("--dates-in-names", action="store_true", help="dates at the end of taxon names, e.g. A_1999.5")
     sample.add_argument("--tree-prior", help="unrooted: exponential (default), gamma-dirichlet; "
-                                             "time tree: coalescent (default), skygrid, yule, birth-death "
+                                             "time tree: coalescent (default), exponential (exponential-growth "
+                                             "coalescent), skygrid, yule, birth-death "
                                              "(the last two for contemporaneous tips)")
     sample.add_argument("--branch-rate", type=float, default=10.0, help="rate of the exponential branch-length prior")
     sample.add_argument("--priors", choices=("default", "mrbayes"), default="default",
@@ -85,9 +86,12 @@ def run(args) -> None:
     model_string = model_or_partitions(args, "sample", None if partitions else SAMPLE_MODEL)
     if partitions:
         require_part_models(jp.read_partitions(partitions), model_string)
+    _check_tree_prior_options(args, (args.tree_prior or "coalescent") if args.clock else None)
     analysis = Analysis(model=model_string, clock=args.clock, tree_prior=args.tree_prior,
                         branch_rate=args.branch_rate, priors=args.priors, precision=args.precision,
-                        partitions=partitions, link=link)
+                        partitions=partitions, link=link, skygrid_intervals=args.skygrid_intervals,
+                        skygrid_cutoff=args.skygrid_cutoff, skygrid_precision=args.skygrid_precision,
+                        growth_rate_scale=args.growth_rate_scale)
     alignment = jp.read_alignment(alignment_path, data_type=args.data_type, genetic_code=args.genetic_code)
     tree = jp.read_tree(tree_path)
     tip_dates, dates_digest = None, None
@@ -135,6 +139,25 @@ def _add_free_topology_options(sample) -> None:
     sample.add_argument("--skygrid-intervals", type=int, default=10, help="skygrid: population sizes (default 10)")
     sample.add_argument("--skygrid-cutoff", type=float, default=None,
                         help="skygrid: time of the last grid point (default 1.2 x the start tree's root height)")
+    sample.add_argument("--skygrid-precision", type=float, default=None,
+                        help="skygrid: fix the smoothing precision of the log sizes' random walk at this value "
+                             "(default: sampled, Gamma(0.001, 0.001) prior)")
+    sample.add_argument("--growth-rate-scale", type=float, default=1.0,
+                        help="exponential: scale of the Laplace(0, scale) prior on the growth rate, per time unit "
+                             "(default 1, BEAST's)")
+
+
+def _check_tree_prior_options(args, prior: str | None) -> None:
+    """`--skygrid-precision` needs the skygrid and is positive; so is `--growth-rate-scale` (`prior`: the time
+    tree's prior, None for an unrooted tree)."""
+    if args.skygrid_precision is not None:
+        if prior != "skygrid":
+            raise JaxphyloError(f"--skygrid-precision fixes the skygrid's precision, but the tree prior is "
+                                f"{prior or 'an unrooted branch-length prior'}: add --clock and --tree-prior skygrid")
+        if not args.skygrid_precision > 0:
+            raise JaxphyloError(f"--skygrid-precision must be positive, got {args.skygrid_precision:g}")
+    if not args.growth_rate_scale > 0:
+        raise JaxphyloError(f"--growth-rate-scale must be positive, got {args.growth_rate_scale:g}")
 
 
 def _wants_free_topology(args) -> bool:
@@ -157,6 +180,7 @@ def _run_free_topology(args) -> None:
     prior = args.tree_prior or "coalescent"
     if prior not in FREE_TREE_PRIORS:
         raise JaxphyloError(f"--topology free: the tree prior is one of {', '.join(FREE_TREE_PRIORS)}, not {prior!r}")
+    _check_tree_prior_options(args, prior)
     path = jp.example_paths()[0] if args.example else args.alignment
     alignment = jp.read_alignment(path, data_type=args.data_type, genetic_code=args.genetic_code)
     tree = jp.read_tree(args.tree) if args.tree else None
@@ -180,7 +204,8 @@ def _run_free_topology(args) -> None:
         return
     result = dated_mcmc(alignment, args.model or SAMPLE_MODEL, tip_dates, clock=args.clock, tree_prior=prior,
                         tree=tree, settings=settings, skygrid_intervals=args.skygrid_intervals,
-                        skygrid_cutoff=args.skygrid_cutoff, seed=args.seed, precision=args.precision, out=args.out,
+                        skygrid_cutoff=args.skygrid_cutoff, skygrid_precision=args.skygrid_precision,
+                        growth_rate_scale=args.growth_rate_scale, seed=args.seed, precision=args.precision, out=args.out,
                         resume=args.resume, progress=progress, stop=args.stop, burnin=burnin)
     rows = result.summary()
     print(f"{'parameter':<24}{'median':>14}{'95% HPD':>32}{'ESS':>9}")

@@ -15,7 +15,8 @@ from .nuts import (
 from .dated import DatedResult, DatedSettings, check_dated_inputs, dated_mcmc, rooted_time_tree, start_time_tree
 from .mc3 import DEFAULT_MOVES, MC3Result, MC3Settings, mc3
 from .priors import (
-    BirthDeath, ConstantCoalescent, GammaDirichlet, NodeHeightPrior, NodeHeights, RatioTransform, Skygrid, Yule,
+    BirthDeath, ConstantCoalescent, ExponentialCoalescent, GammaDirichlet, NodeHeightPrior, NodeHeights, RatioTransform,
+    Skygrid, Yule,
 )
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "TimeTree", "time_tree", "ratios_to_heights", "heights_to_ratios", "ratio_log_jacobian",
     "branch_durations", "heights_from_tree", "start_heights", "node_anchors", "with_sampled_tips",
     "sample_tip_heights",
-    "GammaDirichlet", "NodeHeights", "RatioTransform", "NodeHeightPrior", "ConstantCoalescent", "Skygrid",
+    "GammaDirichlet", "NodeHeights", "RatioTransform", "NodeHeightPrior", "ConstantCoalescent", "ExponentialCoalescent",
+    "Skygrid",
     "BirthDeath", "Yule",
 ]

@@ -3,7 +3,8 @@
 - `Topology` (the shape: parent indices, any number of children) and `Tree` (a topology with
   differentiable branch lengths): what users read, write and pass around.
 - Kernel form (`binarize`, `TreeBatch`, rooting on tip 0): binary rooted parent arrays, what the
-  likelihood kernels, searches and samplers work on.
+  likelihood kernels, searches and samplers work on; its tip-0 view (`to_view`, `from_view`), the unrooted
+  tree hung from tip 0 that MCMC moves edit.
 - `Schedule`: the post-order traversal of kernel trees as index arrays (the BEAGLE/libpll
   operation list, as data).
 - `TimeTree`: rooted trees with node heights, and the ratio transform that makes heights unconstrained.
@@ -38,6 +39,14 @@ from ._splits import (
     robinson_foulds as robinson_foulds,
     splits as splits,
     with_supports as with_supports,
+)
+from ._tip_view import (
+    descendants as descendants,
+    from_view as from_view,
+    neighbours as neighbours,
+    node_children as node_children,
+    sibling as sibling,
+    to_view as to_view,
 )
 from ._time_tree import (
     TimeTree as TimeTree,

@@ -4,13 +4,17 @@ the least-squares start and the summaries (MCC tree, clade frequencies)."""
 from ._kernel import (
     DatedPosterior as DatedPosterior,
     DatedSettings as DatedSettings,
-    initial_state as initial_state,
+    TimeTreePosition as TimeTreePosition,
+    build_kernel as build_kernel,
+    init as init,
     run_block as run_block,
 )
 from ._run import (
     DatedResult as DatedResult,
     check_dated_inputs as check_dated_inputs,
+    column_names as column_names,
     dated_mcmc as dated_mcmc,
+    given_start as given_start,
 )
 from ._start import (
     rooted_time_tree as rooted_time_tree,

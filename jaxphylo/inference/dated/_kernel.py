@@ -1,14 +1,16 @@
 """Time-tree MCMC with the topology free: BEAST's tree operators alternated with HMC, every chain on the device.
 
-The state of every chain (`DatedState`) is a rooted time tree as arrays
-(`parents [M]`, `heights [M]`, see `_time_tree_moves`) and the continuous
+Blackjax's shape: `init` gives every chain's state (a `base.MCMCState` whose position, `TimeTreePosition`, is a
+rooted time tree as arrays (`parents [M]`, `heights [M]`, see `moves/_time_tree.py`) and the continuous
 parameters in unconstrained coordinates: the clock rate (`log`), the
 relaxed clock's spread (`log`) and per-branch normal deviates `z` (the branch
 above node `v` has rate `mu exp(s z_v - s^2 / 2)`), the coalescent's
-population size (`log`) or skygrid (first log size, log precision, steps),
+population size (`log`), the exponential-growth coalescent's (`log N0`, growth
+rate), or skygrid (first log size, log precision, steps),
 Yule's birth rate (`log`) or birth–death's net diversification `lambda - mu`
 (`log`) and turnover `mu / lambda` (`logit`), and the substitution model's
-free parameters (`ModelCoordinates`).
+free parameters (`ModelCoordinates`); its adaptation is HMC's mass matrix), and `build_kernel` gives
+`step(key, state) -> (state, info)`, the Metropolis–Hastings kernel of `base.py` with these proposals.
 
 One generation either proposes a tree move for every chain (drawn per chain
 with the weights of `DatedSettings.moves`: narrow and wide exchange, subtree
@@ -26,21 +28,23 @@ below `i` (Ji et al. 2021), with log-Jacobian
     log |dh/dz| = z_root + sum_(i not root) [log(h_parent(i) - l_i) + log r_i + log(1 - r_i)].
 
 Priors (those of `jaxphylo sample` for dated trees): the coalescent on the
-node heights (constant size with the 1/N prior, or a skygrid with a
-Gaussian random walk on the log sizes and a Gamma(0.001, 0.001) precision),
+node heights (constant size with the 1/N prior; exponential growth, BEAST's
+`N(t) = N0 exp(-g t)`, with 1/N0 and Laplace(0, `growth_rate_scale`) on `g`; or
+a skygrid with a Gaussian random walk on the log sizes and a Gamma(0.001, 0.001)
+precision, or the precision fixed),
 or for contemporaneous tips Yule (1/x on the birth rate) or birth–death (1/x
 on `lambda - mu`, Uniform(0, 1) on `mu / lambda`), each the density of the
 labelled history as the coalescent's is (`birth_death_times_log_density`),
 the clock rate Gamma(0.5, 1 / sum of branch durations) (a CTMC-reference-like
 prior), the relaxed clock's spread Exponential(3), and the model parameters'
-priors of `sample` (`_model_priors`). Every density of a parameter is in its
+priors of `sample` (`jaxphylo.models.sample_model`). Every density of a parameter is in its
 unconstrained coordinate, Jacobian included, so a tree move's acceptance is
 `dlog L + dlog prior + log q` and HMC's target is `log L + log prior + log |dh/dz|`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import equinox as eqx
 import jax
@@ -51,14 +55,17 @@ from jaxtyping import Array, Float
 from numpyro.infer.util import potential_energy
 
 from ..._errors import InputError
-from ...likelihood import batch_pattern_log_likelihoods
+from ...likelihood import accept_partials, batch_pattern_log_likelihoods
 from ...tree import anchors_on, ratio_coordinates_on, ratio_heights_on, ratio_log_jacobian_on
-from ...models import ModelCoordinates, sample_model
-from ..base import check_moves, draw_moves, metropolis_hastings, mixture, robbins_monro, tally, where
+from ...models import Model, ModelCoordinates, sample_model
+from .. import base
+from ..base import MCMCState, Proposal, check_moves, draw_moves, mixture
 from ..moves import (
     HMC_START_STEP, HMC_TARGET_ACCEPTANCE, ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, leapfrog_trajectory, propose_time_tree,
 )
-from ..priors import birth_death_times_log_density, coalescent_times_log_density
+from ..priors import (
+    birth_death_times_log_density, coalescent_times_log_density, exponential_coalescent_times_log_density,
+)
 
 DATED_MOVES = TIME_TREE_MOVES + ("hmc",)
 # BEAST 1.10's default operator weights for a time tree (uniform 30 halved: HMC moves the heights too)
@@ -79,6 +86,7 @@ class DatedSettings:
     moves: tuple = tuple(DEFAULT_DATED_MOVES.items())  # (name, weight) pairs; a dict is accepted
     hmc_steps: int = 10
     adapt_mass: bool = True  # a diagonal mass matrix for HMC from the tuning phase's coordinates
+    incremental: bool = True  # keep every chain's partials and recompute only what a move touched (False: all)
 
     def __post_init__(self):
         object.__setattr__(self, "moves", tuple(dict(self.moves).items()))
@@ -91,24 +99,20 @@ class DatedSettings:
     def tune_generations(self) -> int:
         return self.generations // 10 if self.tune is None else int(self.tune)
 
+    def program(self) -> "DatedSettings":
+        """The settings the device program depends on (not the run's or the tuning's length)."""
+        return replace(self, generations=1, tune=0)
+
     def weights(self) -> Float[Array, " moves"]:
         return jnp.asarray([dict(self.moves).get(name, 0.0) for name in DATED_MOVES])
 
 
-class DatedState(eqx.Module):
-    """Every chain's state, `[B]` leading."""
+class TimeTreePosition(eqx.Module):
+    """Every chain's time tree and parameters, `[B]` leading."""
 
     parents: jax.Array  # [B, M]
     heights: jax.Array  # [B, M]
     params: dict  # unconstrained, [B, ...] each
-    log_likelihood: jax.Array  # [B]
-    log_prior: jax.Array  # [B]
-    tunings: jax.Array  # [B, 3]: subtree-slide window, root multiplier's lambda, HMC step size
-    mass: tuple  # HMC's diagonal mass adaptation: (count [B], mean, sum of squares, inverse mass), trees like theta
-    proposed: jax.Array  # [B, moves]
-    accepted: jax.Array
-    generation: jax.Array
-    key: jax.Array
 
 
 class DatedPosterior(eqx.Module):
@@ -123,12 +127,50 @@ class DatedPosterior(eqx.Module):
     dtype: object = eqx.field(static=True)
     num_tips: int = eqx.field(static=True)
     clock: str = eqx.field(static=True)  # "strict", "relaxed", or "none" (undated: rate 1)
-    tree_prior: str = eqx.field(static=True)  # "coalescent", "skygrid", "yule" or "birth-death"
+    tree_prior: str = eqx.field(static=True)  # "coalescent", "exponential", "skygrid", "yule" or "birth-death"
     grid: tuple = eqx.field(static=True, default=())  # skygrid grid points
     population_size: float | None = eqx.field(static=True, default=None)  # fixed (else a parameter)
     priors: object = None
     prior_only: bool = eqx.field(static=True, default=False)
     fixed: tuple = eqx.field(static=True, default=())  # (name, unconstrained value): tree-prior rates held fixed
+    growth_rate_scale: float = eqx.field(static=True, default=1.0)  # Laplace(0, scale) on the growth rate
+    incremental: bool = eqx.field(static=True, default=True)  # keep every chain's partials (one `Model` only)
+
+    @property
+    def keeps_partials(self) -> bool:
+        return self.incremental and not self.prior_only and isinstance(self.coordinates.template, Model)
+
+    def _models(self, params):
+        model = params.get("model", {})
+        has_params = bool(jax.tree.leaves(model))
+        return (jax.vmap(self.coordinates.model)(model) if has_params else self.coordinates.template), has_params
+
+    def _kernel_tree(self, position: TimeTreePosition):
+        lengths = self.branch_lengths(position.parents, position.heights, position.params)
+        return position.parents, jnp.broadcast_to(lengths, position.parents.shape)
+
+    def first_score(self, position: TimeTreePosition):
+        """`(log L, log prior, partials)` of the chains' first positions (every node computed)."""
+        if not self.keeps_partials:
+            return (*self.log_posteriors_at(position), ())
+        log_likelihood, partials = base.first_partials(*self._models(position.params), self._kernel_tree(position),
+                                                       self.data, self.dtype)
+        return log_likelihood, self.log_priors(position.parents, position.heights, position.params), partials
+
+    def score(self, state: MCMCState, position: TimeTreePosition):
+        """`(log L, log prior, partials)` of proposals: a node's partials are recomputed only where its subtree's
+        topology or an edge length below it changed (a height move touches its node's edges; a clock-rate or
+        model move, every edge)."""
+        if not self.keeps_partials:
+            return (*self.log_posteriors_at(position), ())
+        at = state.position
+        log_likelihood, partials = base.proposed_log_likelihoods(
+            state.cache, *self._models(position.params), self._kernel_tree(position), self._kernel_tree(at),
+            position.params.get("model", {}), at.params.get("model", {}), self.data, self.dtype)
+        return log_likelihood, self.log_priors(position.parents, position.heights, position.params), partials
+
+    def keep(self, partials, proposed, accept):
+        return accept_partials(partials, proposed, accept) if self.keeps_partials else partials
 
     def branch_rates(self, params) -> Float[Array, "B M"] | Float[Array, "B 1"]:
         if self.clock == "none":
@@ -174,11 +216,18 @@ class DatedPosterior(eqx.Module):
         if self.tree_prior == "coalescent":
             log_size = jnp.log(self.population_size) if self.population_size else params["log_population_size"]
             return coalescent_times_log_density(heights, self.num_tips, log_size[None])  # 1/N: flat in log N
-        precision = jnp.exp(params["log_skygrid_precision"])
+        if self.tree_prior == "exponential":  # 1/N0: flat in log N0; Laplace(0, scale) on a sampled growth rate
+            growth, scale = self._rate(params, "growth_rate"), self.growth_rate_scale
+            density = exponential_coalescent_times_log_density(heights, self.num_tips,
+                                                               self._rate(params, "log_population_size"), growth)
+            fixed = "growth_rate" in dict(self.fixed)
+            return density if fixed else density - jnp.abs(growth) / scale - np.log(2 * scale)
+        log_precision = self._rate(params, "log_skygrid_precision")
+        precision = jnp.exp(log_precision)
         steps = params["skygrid_steps"]
         sizes = params["skygrid_first"] + jnp.concatenate([jnp.zeros(1), jnp.cumsum(steps)]) / jnp.sqrt(precision)
-        log_precision = params["log_skygrid_precision"]  # Gamma(0.001, 0.001) with its log Jacobian
-        log_gamma = 0.001 * jnp.log(0.001) - gammaln(0.001) + 0.001 * log_precision - 0.001 * precision
+        log_gamma = 0.0 if "log_skygrid_precision" in dict(self.fixed) else (  # Gamma(0.001, 0.001), log Jacobian
+            0.001 * jnp.log(0.001) - gammaln(0.001) + 0.001 * log_precision - 0.001 * precision)
         return (coalescent_times_log_density(heights, self.num_tips, sizes, self.grid) + log_gamma
                 - 0.5 * jnp.sum(steps**2) - 0.5 * np.log(2 * np.pi) * steps.shape[0])
 
@@ -204,6 +253,9 @@ class DatedPosterior(eqx.Module):
     def log_posteriors(self, parents, heights, params):
         return self.log_likelihoods(parents, heights, params), self.log_priors(parents, heights, params)
 
+    def log_posteriors_at(self, position: TimeTreePosition):
+        return self.log_posteriors(position.parents, position.heights, position.params)
+
 
 def _durations(parents, heights) -> Float[Array, "B M"]:
     """Time along the branch above every node (0 for the root)."""
@@ -211,7 +263,7 @@ def _durations(parents, heights) -> Float[Array, "B M"]:
     return jnp.where(parents >= 0, above - heights, 0.0)
 
 
-def hmc_move(key, state: DatedState, posterior: DatedPosterior, settings: DatedSettings):
+def hmc_move(key, state: MCMCState, posterior: DatedPosterior, settings: DatedSettings, tune_generations):
     """Every chain's HMC proposal over node heights (ratio coordinates), sampled tip heights (logit within
     their bounds: the anchors move with them) and parameters: `(heights, params, log q, mass)`.
 
@@ -221,28 +273,29 @@ def hmc_move(key, state: DatedState, posterior: DatedPosterior, settings: DatedS
     after tuning the mass is fixed, so the kernel is a fixed HMC kernel.
     """
     n = posterior.num_tips
+    at = state.position
     jacobian = jax.vmap(lambda p, a, h, z: ratio_log_jacobian_on(p, a, h, z, n))
     anchors_of = jax.vmap(anchors_on)
-    internal = jnp.arange(state.parents.shape[1]) >= n
+    internal = jnp.arange(at.parents.shape[1]) >= n
     low, high = posterior.tip_bounds
 
     def unpack(theta):
         z, tip_z, params = theta
-        tips = state.heights[:, :n].at[:, posterior.free_tips].set(low + (high - low) * jax.nn.sigmoid(tip_z))
-        anchors = anchors_of(state.parents, tips)
-        heights = jax.vmap(lambda p, a, z: ratio_heights_on(p, a, z, n))(state.parents, anchors, z)
+        tips = at.heights[:, :n].at[:, posterior.free_tips].set(low + (high - low) * jax.nn.sigmoid(tip_z))
+        anchors = anchors_of(at.parents, tips)
+        heights = jax.vmap(lambda p, a, z: ratio_heights_on(p, a, z, n))(at.parents, anchors, z)
         tip_jacobian = jnp.sum(jnp.log(high - low) + jax.nn.log_sigmoid(tip_z) + jax.nn.log_sigmoid(-tip_z), -1)
-        return heights, params, jacobian(state.parents, anchors, heights, z) + tip_jacobian
+        return heights, params, jacobian(at.parents, anchors, heights, z) + tip_jacobian
 
     def log_target(theta):
         heights, params, log_jacobian = unpack(theta)
-        return sum(posterior.log_posteriors(state.parents, heights, params)) + log_jacobian
+        return sum(posterior.log_posteriors(at.parents, heights, params)) + log_jacobian
 
-    anchors = anchors_of(state.parents, state.heights[:, :n])
-    z = jax.vmap(lambda p, a, h: ratio_coordinates_on(p, a, h, n))(state.parents, anchors, state.heights)
-    free = state.heights[:, posterior.free_tips]
-    theta = (z, jax.scipy.special.logit((free - low) / (high - low)), state.params)
-    mass = _adapted_mass(state.mass, theta, settings.adapt_mass & (state.generation < settings.tune_generations))
+    anchors = anchors_of(at.parents, at.heights[:, :n])
+    z = jax.vmap(lambda p, a, h: ratio_coordinates_on(p, a, h, n))(at.parents, anchors, at.heights)
+    free = at.heights[:, posterior.free_tips]
+    theta = (z, jax.scipy.special.logit((free - low) / (high - low)), at.params)
+    mass = _adapted_mass(state.adaptation, theta, settings.adapt_mass & (state.generation < tune_generations))
     new_theta, log_q = leapfrog_trajectory(key, log_target, theta, (internal, None, None), state.tunings[:, 2],
                                            settings.hmc_steps, inverse_mass=mass[3])
     heights, params, new_jacobian = unpack(new_theta)
@@ -276,46 +329,52 @@ def _mass_start(theta_like):
     return (jnp.zeros(b, jnp.int32), zeros, zeros, jax.tree.map(jnp.ones_like, theta_like))
 
 
-def generation(state: DatedState, posterior: DatedPosterior, settings: DatedSettings, weights) -> DatedState:
-    """One generation of every chain: a tree move each, or HMC for all; one batched likelihood; accept."""
-    b = state.parents.shape[0]
-    key, k_kind, k_move, k_hmc_pick, k_hmc, k_accept = jax.random.split(state.key, 6)
+def _propose(posterior: DatedPosterior, settings: DatedSettings, tune_generations):
+    """Every chain's proposal: a tree move each (drawn with the weights of `settings.moves`), or, with
+    probability `weights["hmc"] / sum(weights)` (one draw for all chains), HMC for all."""
+    weights = settings.weights()
     hmc = DATED_MOVES.index("hmc")
-    kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, b)
     enabled = tuple(dict(settings.moves).get(name, 0.0) > 0 for name in TIME_TREE_MOVES)
-
-    def tree_moves(_):
-        parents, heights, log_q = jax.vmap(propose_time_tree, in_axes=(0, 0, 0, 0, 0, None))(
-            kind, jax.random.split(k_move, b), state.parents, state.heights, state.tunings[:, :2], enabled)
-        return parents.astype(state.parents.dtype), heights, state.params, log_q, state.mass
-
-    def hamiltonian(_):
-        heights, params, log_q, mass = hmc_move(k_hmc, state, posterior, settings)
-        return state.parents, heights, params, log_q, mass
-
     hmc_enabled = dict(settings.moves).get("hmc", 0.0) > 0
-    parents, heights, params, log_q, mass = mixture(use_hmc, hmc_enabled, hamiltonian, tree_moves)
-    kind = jnp.where(use_hmc, hmc, kind)
-    log_likelihood, log_prior = posterior.log_posteriors(parents, heights, params)
-    log_ratio = log_likelihood - state.log_likelihood + log_prior - state.log_prior + log_q
-    accept = metropolis_hastings(k_accept, log_ratio, log_likelihood + log_prior)
-    kept = where(accept, (parents, heights, params, log_likelihood, log_prior),
-                  (state.parents, state.heights, state.params, state.log_likelihood, state.log_prior))
-    return eqx.tree_at(
-        lambda s: (s.parents, s.heights, s.params, s.log_likelihood, s.log_prior, s.proposed, s.accepted,
-                   s.tunings, s.mass, s.generation, s.key),
-        state, kept + tally(state.proposed, state.accepted, kind, accept) + (
-            _tuned(state, kind, accept, settings), mass, state.generation + 1, key))
+
+    def propose(key, state: MCMCState, beta) -> Proposal:
+        at = state.position
+        b = at.parents.shape[0]
+        k_kind, k_move, k_hmc_pick, k_hmc = jax.random.split(key, 4)
+        kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, b)
+
+        def tree_moves(_):
+            parents, heights, log_q = jax.vmap(propose_time_tree, in_axes=(0, 0, 0, 0, 0, None))(
+                kind, jax.random.split(k_move, b), at.parents, at.heights, state.tunings[:, :2], enabled)
+            return TimeTreePosition(parents.astype(at.parents.dtype), heights, at.params), log_q, state.adaptation
+
+        def hamiltonian(_):
+            heights, params, log_q, mass = hmc_move(k_hmc, state, posterior, settings, tune_generations)
+            return TimeTreePosition(at.parents, heights, params), log_q, mass
+
+        position, log_q, mass = mixture(use_hmc, hmc_enabled, hamiltonian, tree_moves)
+        kind = jnp.where(use_hmc, hmc, kind)
+        return Proposal(position, log_q, kind, _tuning_column(kind), mass)
+
+    return propose
 
 
-def _tuned(state: DatedState, kind, accept, settings: DatedSettings):
-    """Robbins-Monro steps on the log tuning of the move used (subtree slide, root height, HMC) towards its
-    target acceptance (HMC's 0.65, else 0.3), while tuning."""
-    column = jnp.select([kind == DATED_MOVES.index(name) for name in TUNED] + [kind == DATED_MOVES.index("hmc")],
-                        list(TUNED.values()) + [2], -1)
-    target = jnp.where(column == 2, HMC_TARGET_ACCEPTANCE, TARGET_ACCEPTANCE)
-    return robbins_monro(state.tunings, column, accept, target, state.generation, settings.tune_generations,
-                         (1e-6, 1e6))
+def _tuning_column(kind):
+    """The column of `tunings` the move used: subtree slide's window, the root multiplier's lambda, HMC's step
+    (-1: none)."""
+    return jnp.select([kind == DATED_MOVES.index(name) for name in TUNED] + [kind == DATED_MOVES.index("hmc")],
+                      list(TUNED.values()) + [2], -1)
+
+
+def _target_acceptance(column):
+    return jnp.where(column == 2, HMC_TARGET_ACCEPTANCE, TARGET_ACCEPTANCE)
+
+
+def build_kernel(posterior: DatedPosterior, settings: DatedSettings, tune_generations):
+    """`step(key, state) -> (state, info)`: one generation of every chain (`base.build_kernel` with BEAST's tree
+    operators and HMC as proposals), tunings within `[1e-6, 1e6]`."""
+    return base.build_kernel(_propose(posterior, settings, tune_generations), posterior.score, _target_acceptance,
+                             tune_generations, (1e-6, 1e6), posterior.keep)
 
 
 class DatedSample(eqx.Module):
@@ -330,29 +389,35 @@ class DatedSample(eqx.Module):
 
 
 @eqx.filter_jit
-def run_block(state: DatedState, posterior: DatedPosterior, settings: DatedSettings, count):
-    """`count` (<= `settings.block`, traced) samples of `sample_every` generations; the samples `[block, B, ...]`."""
-    weights = settings.weights()
+def run_block(state: MCMCState, key, posterior: DatedPosterior, settings: DatedSettings, count, tune_generations):
+    """`count` (<= `settings.block`) samples of `sample_every` generations, `count` and `tune_generations`
+    traced; returns `(state, key, the samples [block, B, ...])`."""
 
-    def sampled(state, i):
-        steps = jnp.where(i < count, settings.sample_every, 0)
-        state = jax.lax.fori_loop(0, steps, lambda _, s: generation(s, posterior, settings, weights), state)
-        rates = jnp.broadcast_to(posterior.branch_rates(state.params), state.heights.shape)
-        return state, DatedSample(state.parents, state.heights, rates, state.params, state.log_likelihood,
-                                  state.log_prior)
+    def observe(state: MCMCState) -> DatedSample:
+        at = state.position
+        rates = jnp.broadcast_to(posterior.branch_rates(at.params), at.heights.shape)
+        return DatedSample(at.parents, at.heights, rates, at.params, state.log_likelihood, state.log_prior)
 
-    return jax.lax.scan(sampled, state, jnp.arange(settings.block))
+    return base.sample_blocks(build_kernel(posterior, settings, tune_generations), state, key, count,
+                              settings.block, settings.sample_every, observe)
 
 
-def initial_state(parents, heights, params: dict, posterior: DatedPosterior, settings: DatedSettings,
-                  seed: int) -> DatedState:
+def without_partials(state: MCMCState) -> MCMCState:
+    """The state a checkpoint keeps: no partials (`with_partials` computes them again, to the same bits)."""
+    return eqx.tree_at(lambda s: s.cache, state, ())
+
+
+@eqx.filter_jit
+def with_partials(state: MCMCState, posterior: DatedPosterior) -> MCMCState:
+    return eqx.tree_at(lambda s: s.cache, state, posterior.first_score(state.position)[2])
+
+
+def init(parents, heights, params: dict, posterior: DatedPosterior) -> MCMCState:
     """Chains started from time trees `parents [B, M]`, `heights [B, M]` and unconstrained `params` `[B, ...]`."""
     parents, heights = jnp.asarray(parents, jnp.int32), jnp.asarray(heights, posterior.dtype)
     b = parents.shape[0]
     root_height = jnp.max(heights, axis=1) - jnp.min(heights, axis=1)
     tunings = jnp.stack([START_SLIDE * root_height, jnp.full(b, ROOT_TUNING), jnp.full(b, HMC_START_STEP)], axis=1)
-    zeros = jnp.zeros((b, len(DATED_MOVES)), jnp.int32)
-    log_likelihood, log_prior = posterior.log_posteriors(parents, heights, params)
     theta_like = (heights, jnp.zeros((b, posterior.free_tips.shape[0]), heights.dtype), params)
-    return DatedState(parents, heights, params, log_likelihood, log_prior, tunings.astype(posterior.dtype),
-                      _mass_start(theta_like), zeros, zeros, jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed))
+    return base.init(TimeTreePosition(parents, heights, params), posterior.first_score,
+                     tunings.astype(posterior.dtype), _mass_start(theta_like), len(DATED_MOVES))

@@ -1,7 +1,7 @@
 """`dated_mcmc`: a time-tree analysis with the topology free, from an alignment and tip dates to BEAST's outputs.
 
 Blocks of `DatedSettings.block` samples run on the device
-(`_dated_mcmc.run_block`); between blocks the host appends every chain's
+(`_kernel.run_block`); between blocks the host appends every chain's
 samples to `chain{c}.log` (Tracer) and `chain{c}.trees` (NEXUS with
 `[&height=..., rate=...]` on every node), reports progress, writes the
 checkpoint and reads stop requests. A resumed run truncates the files to the
@@ -30,11 +30,13 @@ from ...tree import Tree, phase_widths, random_topology_tree, start_heights, tim
 from ...likelihood import PRECISIONS, max_step_width, pattern_data
 from ...models import ModelCoordinates, describe_priors, model_record, parameter_names, resolve_model
 from ..nuts import rate_guess
-from ._kernel import DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, initial_state, run_block
+from ._kernel import (
+    DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, init, run_block, with_partials, without_partials,
+)
 from ._start import start_time_tree
 from ._summary import TimeTreeSamples, mcc_tree, summary_rows, time_tree_newick
 
-TREE_PRIORS = ("coalescent", "skygrid") + SPECIATION_PRIORS
+TREE_PRIORS = ("coalescent", "exponential", "skygrid") + SPECIATION_PRIORS
 CLOCKS = ("strict", "relaxed")
 
 
@@ -69,6 +71,8 @@ def dated_mcmc(
     settings: DatedSettings | None = None,
     skygrid_intervals: int = 10,
     skygrid_cutoff: float | None = None,
+    skygrid_precision: float | None = None,
+    growth_rate_scale: float = 1.0,
     seed: int = 0,
     priors: dict | None = None,
     precision: str = "float64",
@@ -91,39 +95,51 @@ def dated_mcmc(
     and, after every block, `checkpoint.pkl` (`resume=True` continues it).
     `progress(generation, log posterior per chain)` is called after every block.
     `burnin`: the fraction of each chain's samples the MCC tree and summary leave out.
+    `skygrid_precision`: the skygrid's smoothing precision, fixed (default: sampled, Gamma(0.001, 0.001)).
+    `growth_rate_scale`: the scale of `tree_prior="exponential"`'s Laplace(0, scale) prior on the growth rate.
     """
     settings = settings or DatedSettings()
     if clock not in CLOCKS or tree_prior not in TREE_PRIORS:
         raise ModelError(f"clock must be one of {CLOCKS} and the tree prior one of {TREE_PRIORS}; "
                          f"got {clock!r}, {tree_prior!r}")
+    if skygrid_precision is not None and (tree_prior != "skygrid" or not skygrid_precision > 0):
+        raise ModelError(f"a fixed skygrid precision needs tree_prior='skygrid' and a positive value; got "
+                         f"{tree_prior!r}, {skygrid_precision}")
+    if not growth_rate_scale > 0:
+        raise ModelError(f"the growth rate's Laplace scale must be positive, got {growth_rate_scale}")
     tips, bounds, reference = _tip_heights(alignment, tip_dates)
     _check_speciation_tips(tree_prior, bounds)
     clock_kind = clock if reference is not None else "none"  # contemporaneous tips: heights in substitutions
     posterior, state, names = _starting_state(alignment, model, tips, bounds, reference, clock_kind, tree_prior, tree,
                                               settings, skygrid_intervals, skygrid_cutoff, seed, priors, precision,
-                                              prior_only)
+                                              prior_only, skygrid_precision, growth_rate_scale)
     record = {"alignment": alignment_digest(alignment), "model": model_record(model), "seed": seed,
               "precision": precision, "priors": describe_priors(priors), "prior_only": prior_only, "clock": clock,
-              "tree_prior": tree_prior, "tips": np.asarray(tips).tolist(),
+              "tree_prior": tree_prior, "skygrid_precision": skygrid_precision,
+              "growth_rate_scale": growth_rate_scale, "tips": np.asarray(tips).tolist(),
               "settings": {k: str(v) for k, v in asdict(settings).items()}}
     taxa = tuple(alignment.taxa)
     files = _OutputFiles(out, settings.chains, taxa, names)
     samples = TimeTreeSamples.empty(settings.chains, names)
     run = BlockRun(None if out is None else Path(out) / "checkpoint.pkl", record, files.paths(), stop)
+    key = jax.random.PRNGKey(seed)
     if (saved := run.open(resume)) is not None:
-        state, samples = from_numpy(saved["state"], state), TimeTreeSamples.from_plain(saved["samples"])
+        state = with_partials(from_numpy(saved["state"], without_partials(state)), posterior)
+        samples = TimeTreeSamples.from_plain(saved["samples"])
+        key = jnp.asarray(saved["key"])
     else:
         files.start()
 
     def payload():
-        return {"state": to_numpy(state), "samples": samples.to_plain()}
+        return {"state": to_numpy(without_partials(state)), "key": np.asarray(key), "samples": samples.to_plain()}
 
     total = settings.generations // settings.sample_every
+    program, tune = settings.program(), np.int32(settings.tune_generations)
     began = time.perf_counter()
     while samples.count < total:
         run.stop_point(payload, f"after {int(state.generation)} generations")
         count = min(settings.block, total - samples.count)
-        state, block = run_block(state, posterior, settings, np.int32(count))
+        state, key, block = run_block(state, key, posterior, program, np.int32(count), tune)
         rows = _rows(jax.tree.map(to_host, block), count, int(state.generation), settings, posterior, reference)
         for generation, chain_rows in rows:
             samples.add(generation, chain_rows)
@@ -166,18 +182,19 @@ def _check_speciation_tips(tree_prior: str, bounds) -> None:
     (Stadler 2010) needs a sampling rate and an origin this sampler does not have."""
     if tree_prior in SPECIATION_PRIORS and np.ptp(bounds) > 0:
         raise ModelError(f"the {tree_prior} tree prior needs contemporaneous tips (no serial sampling); the tip "
-                         f"heights span {np.ptp(bounds):.6g}: use --tree-prior coalescent or skygrid for dated tips")
+                         f"heights span {np.ptp(bounds):.6g}: use --tree-prior coalescent, exponential or skygrid "
+                         f"for dated tips")
 
 
 def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior, tree, settings, intervals, cutoff,
-                    seed, priors, precision, prior_only):
+                    seed, priors, precision, prior_only, skygrid_precision=None, growth_rate_scale=1.0):
     template, free = resolve_model(model, alignment)
     coordinates = ModelCoordinates(template, free)
     if tree is None:  # without temporal signal, the rate that puts the root one sampling span before the tips
         fallback = rate_guess(alignment, tips, np.array([2 * np.max(tips) + 1.0]))
         parents, heights, rate = start_time_tree(alignment, tips, fallback)
     else:
-        parents, heights = _given_start(alignment, tree, tips)
+        parents, heights = given_start(alignment, tree, tips)
         rate = rate_guess(alignment, tips, np.array([heights.max()]))
     rate = rate if clock != "none" else 1.0
     root = float(heights.max() - tips.max())
@@ -188,16 +205,19 @@ def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior
     data = pattern_data(alignment, random_topology_tree(alignment.taxa, seed=0))  # tips in the alignment's order
     widths = phase_widths(len(alignment.taxa), max_step_width(template, data, dtype, b))
     free = np.flatnonzero(bounds[1] > bounds[0])
+    fixed = (("log_skygrid_precision", float(np.log(skygrid_precision))),) if skygrid_precision else ()
     posterior = DatedPosterior(data, coordinates, jnp.asarray(tips, dtype), jnp.asarray(free, jnp.int32),
                                jnp.asarray(bounds[:, free], dtype), widths, dtype, len(tips), clock,
-                               tree_prior, grid, None, priors, prior_only)
-    params = {"model": coordinates.start(), **_hyper_start(clock, tree_prior, rate, root, intervals, len(parents))}
+                               tree_prior, grid, None, priors, prior_only, fixed, growth_rate_scale,
+                               settings.incremental)
+    hyper = _hyper_start(clock, tree_prior, rate, root, intervals, len(parents))
+    params = {"model": coordinates.start(), **{k: v for k, v in hyper.items() if k not in dict(fixed)}}
     params = jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x, dtype), (b,) + jnp.shape(x)), params)
-    state = initial_state(np.tile(parents, (b, 1)), np.tile(heights, (b, 1)), params, posterior, settings, seed)
-    return posterior, state, _column_names(clock, tree_prior, intervals, coordinates, reference is not None)
+    state = init(np.tile(parents, (b, 1)), np.tile(heights, (b, 1)), params, posterior)
+    return posterior, state, column_names(clock, tree_prior, intervals, coordinates, reference is not None, bool(fixed))
 
 
-def _given_start(alignment, tree: Tree, tips) -> tuple[np.ndarray, np.ndarray]:
+def given_start(alignment, tree: Tree, tips) -> tuple[np.ndarray, np.ndarray]:
     """`(parents, heights)` of a rooted binary start tree, tips renumbered to the alignment's order and put at
     `tips` (the tree's own tip depths must agree with them, as `jaxphylo sample` checks)."""
     if set(tree.taxa) != set(alignment.taxa):
@@ -223,8 +243,10 @@ def _hyper_start(clock, tree_prior, rate, root, intervals, m) -> dict:
         start["log_clock_rate"] = np.log(rate)
     if clock == "relaxed":
         start.update(log_rate_spread=np.log(0.1), rate_z=np.zeros(m))
-    if tree_prior == "coalescent":
+    if tree_prior in ("coalescent", "exponential"):
         start["log_population_size"] = np.log(root / 2)
+        if tree_prior == "exponential":
+            start["growth_rate"] = 0.0  # BEAUti's start
     elif tree_prior == "yule":  # `sample`'s starts: log(n) / root, the rate whose expected root is near it
         start["log_birth_rate"] = np.log(np.log((m + 1) / 2) / root)
     elif tree_prior == "birth-death":
@@ -234,17 +256,20 @@ def _hyper_start(clock, tree_prior, rate, root, intervals, m) -> dict:
     return start
 
 
-def _column_names(clock, tree_prior, intervals, coordinates, dated: bool) -> list[str]:
+def column_names(clock, tree_prior, intervals, coordinates, dated: bool, precision_fixed: bool = False) -> list[str]:
     names = ["posterior", "likelihood", "prior", "rootHeight"] + (["age(root)"] if dated else []) + ["treeLength"]
     names += {"strict": ["clock.rate"], "relaxed": ["ucld.mean", "ucld.stdev"], "none": []}[clock]
     if tree_prior == "coalescent":
         names.append("popSize")
+    elif tree_prior == "exponential":
+        names += ["exponential.popSize", "exponential.growthRate"]
     elif tree_prior == "yule":
         names.append("yule.birthRate")
     elif tree_prior == "birth-death":
         names += ["birthDeath.BminusDRate", "birthDeath.DoverB"]
     else:
-        names += [f"skygrid.logPopSize{k + 1}" for k in range(intervals)] + ["skygrid.precision"]
+        names += [f"skygrid.logPopSize{k + 1}" for k in range(intervals)]
+        names += [] if precision_fixed else ["skygrid.precision"]  # a fixed one is no column
     return names + parameter_names(coordinates)
 
 
@@ -281,15 +306,19 @@ def _hyper_values(params, i, c, posterior: DatedPosterior) -> list[float]:
         values.append(float(np.exp(pick("log_rate_spread"))))
     if posterior.tree_prior == "coalescent":
         values.append(float(np.exp(pick("log_population_size"))))
+    elif posterior.tree_prior == "exponential":
+        values += [float(np.exp(pick("log_population_size"))), float(pick("growth_rate"))]
     elif posterior.tree_prior == "yule":
         values.append(float(np.exp(pick("log_birth_rate"))))
     elif posterior.tree_prior == "birth-death":
         values += [float(np.exp(pick("log_net_diversification"))), float(1 / (1 + np.exp(-pick("logit_turnover"))))]
     else:
-        precision = np.exp(pick("log_skygrid_precision"))
+        fixed = dict(posterior.fixed)
+        log_precision = fixed["log_skygrid_precision"] if fixed else pick("log_skygrid_precision")
+        precision = np.exp(log_precision)
         steps = pick("skygrid_steps")
         sizes = pick("skygrid_first") + np.concatenate([[0.0], np.cumsum(steps)]) / np.sqrt(precision)
-        values += [float(x) for x in sizes] + [float(precision)]
+        values += [float(x) for x in sizes] + ([] if fixed else [float(precision)])
     return values
 
 

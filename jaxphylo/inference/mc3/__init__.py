@@ -4,6 +4,11 @@ the run (blocks, checkpoints, MrBayes-style outputs) and its summaries (splits, 
 from ._kernel import (
     DEFAULT_MOVES as DEFAULT_MOVES,
     MC3Settings as MC3Settings,
+    Posterior as Posterior,
+    UnrootedPosition as UnrootedPosition,
+    build_kernel as build_kernel,
+    cold_chains as cold_chains,
+    init as init,
     run_block as run_block,
 )
 from ._run import (

@@ -1,32 +1,28 @@
 """Metropolis-coupled MCMC over unrooted trees: every chain of every run advanced together on the device.
 
-The state of all `runs x chains` chains is one batch (`ChainState`): topology
-(`up`, the tip-0 view of `_tree_moves`), edge lengths, unconstrained model
-parameters, log-likelihood, log-prior and the heat each chain runs at. One
-generation proposes one move for every chain (a topology move, a branch-length
-move or a model-parameter move, drawn with `MC3Settings.moves` weights),
-evaluates every proposed tree in one batched likelihood call, accepts or
-rejects each at its chain's inverse temperature `beta = 1 / (1 + lambda h)`
-(`h` = 0 for the cold chain; MrBayes heats prior and likelihood together), and
-then, in every run, proposes to swap the heats of two random chains `i`, `j`,
-accepted with probability `min(1, exp((beta_i - beta_j)(P_j - P_i)))`, `P`
-the log posterior. `lax.scan` runs blocks of generations; only the cold
-chain of each run leaves the device, every `sample_every` generations.
+Blackjax's shape: `init` gives the state of all `runs x chains` chains as one batch (a
+`tempered.TemperedState` around a `base.MCMCState` whose position is `UnrootedPosition`: the tip-0 view
+`up`, edge lengths, the kernel root, unconstrained model parameters), and `build_kernel` gives
+`step(key, state) -> (state, info)`: the Metropolis–Hastings kernel of `base.py` with this sampler's
+proposals (one move per chain, drawn with `MC3Settings.moves` weights, every proposed tree scored in one
+batched likelihood call), wrapped by `tempered.tempered` (each chain at its heat's `beta = 1 / (1 + lambda h)`,
+then a heat swap per run). `run_block` runs blocks of generations for the run's driver; only the cold chain
+of each run leaves the device, every `sample_every` generations.
 
 Priors (MrBayes's defaults for unrooted trees): uniform topology, edge
 lengths i.i.d. Exponential(10) (`branch_rate`), and the model parameters' priors of `sample`
-(`inference._model_priors`: Dirichlet(1, ...) frequencies and
+(`jaxphylo.models.sample_model`: Dirichlet(1, ...) frequencies and
 exchangeabilities, Exponential(1) Gamma shape, Uniform(0, 1) +I, ...), any of
 them replaced through `priors={name: distribution}`.
 
 Moves (weights in `MC3Settings.moves`, defaults `DEFAULT_MOVES`): topology
 moves (stochastic NNI, uniform SPR, MrBayes's extending SPR and TBR) and
 branch-length moves (multiplier, tree-length multiplier, node slider) in
-`_tree_moves`; one model parameter at a time by MrBayes's moves for its kind
+`moves/_unrooted.py`; one model parameter at a time by MrBayes's moves for its kind
 (Dirichlet for simplexes, multiplier for positive values, sliding window for
-proportions) in `_parameter_moves`; and `hmc`, what MrBayes lacks: every edge
+proportions) in `moves/_parameters.py`; and `hmc`, what MrBayes lacks: every edge
 length and parameter of every chain moved along the likelihood's gradient
-(`_hmc_move`, off by default; see the README for what it does to mixing).
+(`moves/_hmc.py`, off by default; see the README for what it does to mixing).
 Every tuning (multipliers' `lambda`, Dirichlet's `1/alpha`, windows, HMC's
 step) is tuned per chain towards acceptance 0.3 (HMC 0.65) during the first
 `tune` generations, then frozen.
@@ -34,7 +30,7 @@ step) is tuned per chain towards acceptance 0.3 (HMC 0.65) during the first
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import equinox as eqx
 import jax
@@ -42,11 +38,13 @@ import jax.numpy as jnp
 from numpyro.infer.util import potential_energy
 
 from ..._errors import InputError
-from ...likelihood import batch_pattern_log_likelihoods
-from ...models import ModelCoordinates, sample_model
-from ..base import check_moves, draw_moves, metropolis_hastings, mixture, robbins_monro, tally, where
+from ...likelihood import accept_partials, batch_pattern_log_likelihoods
+from ...models import Model, ModelCoordinates, sample_model
+from ...tree import from_view, to_view
+from .. import base, tempered
+from ..base import MCMCState, Proposal, check_moves, draw_moves, mixture, where
 from ..moves import (
-    BRANCH_MOVES, HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, MULTIPLIER_TUNING, START_TUNING, TOPOLOGY_MOVES, from_view, hmc_proposal, propose_parameters, propose_tree, support_kind, to_view,
+    BRANCH_MOVES, HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, MULTIPLIER_TUNING, START_TUNING, TOPOLOGY_MOVES, hmc_proposal, propose_parameters, propose_tree, support_kind,
 )
 
 MOVES = TOPOLOGY_MOVES + BRANCH_MOVES + ("parameters", "hmc")
@@ -70,6 +68,7 @@ class MC3Settings:
     moves: tuple = tuple(DEFAULT_MOVES.items())  # (name, weight) pairs; a dict is accepted
     hmc_steps: int = HMC_STEPS  # leapfrog steps of an HMC move
     branch_rate: float = 10.0  # edge lengths ~ Exponential(rate): MrBayes's brlenspr = unconstrained:exponential(10)
+    incremental: bool = True  # keep every chain's partials and recompute only what a move touched (False: all)
 
     def __post_init__(self):
         object.__setattr__(self, "moves", tuple(dict(self.moves).items()))  # hashable: a static argument
@@ -88,24 +87,19 @@ class MC3Settings:
     def tune_generations(self) -> int:
         return self.generations // 10 if self.tune is None else int(self.tune)
 
+    def program(self) -> "MC3Settings":
+        """The settings the device program depends on: a run's length, tuning length and summaries do not
+        (so a longer run, or a resumed one with more generations, compiles nothing new)."""
+        return replace(self, generations=1, tune=0, stop_asdsf=None, burnin=0.0, min_split_frequency=0.0)
 
-class ChainState(eqx.Module):
-    """Every chain's state, `[B]` leading (`B = runs x chains`, run-major)."""
+
+class UnrootedPosition(eqx.Module):
+    """Every chain's tree and parameters, `[B]` leading (`B = runs x chains`, run-major)."""
 
     up: jax.Array  # [B, M] tip-0 view
     edge: jax.Array  # [B, M], or [B, M, K] (every part's: unlinked partitions)
     root: jax.Array  # [B] the kernel root's id
     params: dict  # unconstrained model parameters, [B, ...] each
-    log_likelihood: jax.Array  # [B]
-    log_prior: jax.Array  # [B]
-    heat: jax.Array  # [B] heat index within the run: 0 is the cold chain
-    tunings: jax.Array  # [B, 4 + S]: the three branch moves', HMC's step size, each model parameter's move
-    proposed: jax.Array  # [B, moves] counts, for acceptance rates
-    accepted: jax.Array  # [B, moves]
-    swaps_tried: jax.Array  # [runs, chains, chains] by heat index
-    swaps_accepted: jax.Array
-    generation: jax.Array  # [] generations done
-    key: jax.Array
 
 
 class Posterior(eqx.Module):
@@ -119,6 +113,43 @@ class Posterior(eqx.Module):
     priors: object = None  # {name: distribution} (distributions are pytrees)
     prior_only: bool = eqx.field(static=True, default=False)
     branch_rate: float = eqx.field(static=True, default=10.0)
+    incremental: bool = eqx.field(static=True, default=True)  # keep every chain's partials (one `Model` only)
+
+    @property
+    def keeps_partials(self) -> bool:
+        """Incremental likelihoods need one model and one set of lengths; partitioned models recompute all."""
+        return self.incremental and not self.prior_only and isinstance(self.coordinates.template, Model)
+
+    def _models(self, params):
+        has_params = bool(jax.tree.leaves(params))
+        return (jax.vmap(self.coordinates.model)(params) if has_params else self.coordinates.template), has_params
+
+    def first_score(self, position: UnrootedPosition):
+        """`(log L, log prior, partials)` of the chains' first positions (every node computed)."""
+        if not self.keeps_partials:
+            return (*self.log_posteriors(position), ())
+        tree = jax.vmap(from_view)(position.up, position.edge, position.root)
+        log_likelihood, partials = base.first_partials(*self._models(position.params), tree, self.data, self.dtype)
+        return log_likelihood, self.log_priors(position.up, position.edge, position.params), partials
+
+    def score(self, state: MCMCState, position: UnrootedPosition):
+        """`(log L, log prior, partials)` of proposals, recomputing only the nodes above what each move changed
+        against the chain's current tree (`state.position`, whose partials `state.cache` holds)."""
+        if not self.keeps_partials:
+            return (*self.log_posteriors(position), ())
+        at = state.position
+        log_likelihood, partials = base.proposed_log_likelihoods(
+            state.cache, *self._models(position.params), jax.vmap(from_view)(position.up, position.edge, position.root),
+            jax.vmap(from_view)(at.up, at.edge, at.root), position.params, at.params, self.data, self.dtype)
+        return log_likelihood, self.log_priors(position.up, position.edge, position.params), partials
+
+    def keep(self, partials, proposed, accept):
+        return accept_partials(partials, proposed, accept) if self.keeps_partials else partials
+
+    def log_posteriors(self, position: UnrootedPosition):
+        """`(log L, log prior)` of every chain's position."""
+        return (self.log_likelihoods(position.up, position.edge, position.root, position.params),
+                self.log_priors(position.up, position.edge, position.params))
 
     def log_likelihoods(self, up, edge, root, params):
         if self.prior_only:
@@ -146,101 +177,73 @@ class Posterior(eqx.Module):
         return lengths - jax.vmap(lambda u: potential_energy(sample_model, model_args, {}, u))(params)
 
 
-def heats(settings: MC3Settings) -> jax.Array:
-    return 1.0 / (1.0 + settings.temperature * jnp.arange(settings.chains))
+def _propose(posterior: Posterior, settings: MC3Settings, weights):
+    """Every chain's proposal: with probability `weights[hmc] / sum(weights)` (one draw for all chains) an HMC
+    move of every chain, else each chain's own move drawn from the other weights (`_local_proposals`)."""
+    hmc = MOVES.index("hmc")
+    hmc_enabled = dict(settings.moves).get("hmc", 0.0) > 0
+
+    def propose(key, state: MCMCState, beta) -> Proposal:
+        b = state.log_likelihood.shape[0]
+        k_kind, k_move, k_hmc_pick, k_hmc = jax.random.split(key, 4)
+        kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, b)
+        at = state.position
+
+        def hamiltonian(_):
+            edge, params, log_q = hmc_proposal(k_hmc, posterior, at.up, at.edge, at.root, at.params, beta,
+                                               state.tunings[:, 3], settings.hmc_steps)
+            return UnrootedPosition(at.up, edge, at.root, params), log_q, jnp.full(b, 3)
+
+        local = lambda _: _local_proposals(state, posterior, settings, k_move, kind)  # noqa: E731
+        position, log_q, slot = mixture(use_hmc, hmc_enabled, hamiltonian, local)
+        return Proposal(position, log_q, jnp.where(use_hmc, hmc, kind), slot, ())
+
+    return propose
 
 
-def _local_proposals(state: ChainState, posterior: Posterior, settings: MC3Settings, key, kind):
-    """Each chain's own move: a tree move or one model parameter (`_parameter_moves`), chosen by `kind`.
+def _local_proposals(state: MCMCState, posterior: Posterior, settings: MC3Settings, key, kind):
+    """Each chain's own move: a tree move or one model parameter (`moves/_parameters.py`), chosen by `kind`.
 
-    Returns `(up, edge, params, log q, slot)`, `slot` the column of `tunings`
-    the move used (-1 for a topology move).
+    Returns `(position, log q, slot)`, `slot` the column of `tunings` the move used (-1 for a topology move).
     """
-    b = state.up.shape[0]
+    at = state.position
+    b = at.up.shape[0]
     k_tree, k_param = jax.random.split(key)
     tree_kind = jnp.minimum(kind, len(TOPOLOGY_MOVES + BRANCH_MOVES) - 1)
     weights = dict(settings.moves)
     enabled = tuple(weights.get(name, 0.0) > 0 for name in TOPOLOGY_MOVES + BRANCH_MOVES)
     up, edge, log_q = jax.vmap(propose_tree, in_axes=(0, 0, 0, 0, None, 0, None))(
-        tree_kind, jax.random.split(k_tree, b), state.up, state.edge, posterior.num_tips, state.tunings[:, :3],
-        enabled)
+        tree_kind, jax.random.split(k_tree, b), at.up, at.edge, posterior.num_tips, state.tunings[:, :3], enabled)
     moving_params = kind == MOVES.index("parameters")
     slot = jnp.where(kind >= len(TOPOLOGY_MOVES), kind - len(TOPOLOGY_MOVES), -1)
-    params = state.params
-    if jax.tree.leaves(state.params):
+    params = at.params
+    if jax.tree.leaves(at.params):
         walked, log_q_params, site = jax.vmap(propose_parameters, in_axes=(0, 0, None, 0))(
-            jax.random.split(k_param, b), state.params, posterior.supports(), state.tunings[:, 4:])
-        params = where(moving_params, walked, state.params)
+            jax.random.split(k_param, b), at.params, posterior.supports(), state.tunings[:, 4:])
+        params = where(moving_params, walked, at.params)
         log_q = jnp.where(moving_params, log_q_params, log_q)
         slot = jnp.where(moving_params, 4 + site, slot)
-    up, edge = where(moving_params, (state.up, state.edge), (up.astype(state.up.dtype), edge))
-    return up, edge, params, log_q, slot
+    up, edge = where(moving_params, (at.up, at.edge), (up.astype(at.up.dtype), edge))
+    return UnrootedPosition(up, edge, at.root, params), log_q, slot
 
 
-def generation(state: ChainState, posterior: Posterior, settings: MC3Settings, weights: jax.Array) -> ChainState:
-    """One generation of every chain: a move each, one batched likelihood, Metropolis-Hastings, heat swaps.
-
-    With probability `weights[hmc] / sum(weights)` (one draw for all chains)
-    the generation is an HMC move of every chain instead (`_hmc_move`);
-    otherwise each chain draws its own move from the other weights.
-    """
-    b = state.up.shape[0]
-    key, k_kind, k_move, k_hmc_pick, k_hmc, k_accept, k_swap = jax.random.split(state.key, 7)
-    hmc = MOVES.index("hmc")
-    kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, b)
-    beta = heats(settings)[state.heat]
-
-    def hamiltonian(_):
-        edge, params, log_q = hmc_proposal(k_hmc, posterior, state.up, state.edge, state.root, state.params, beta,
-                                           state.tunings[:, 3], settings.hmc_steps)
-        return state.up, edge, params, log_q, jnp.full(b, 3)
-
-    local = lambda _: _local_proposals(state, posterior, settings, k_move, kind)  # noqa: E731
-    hmc_enabled = dict(settings.moves).get("hmc", 0.0) > 0
-    up, edge, params, log_q, slot = mixture(use_hmc, hmc_enabled, hamiltonian, local)
-    kind = jnp.where(use_hmc, hmc, kind)
-
-    log_likelihood = posterior.log_likelihoods(up, edge, state.root, params)
-    log_prior = posterior.log_priors(up, edge, params)
-    log_ratio = beta * (log_likelihood - state.log_likelihood + log_prior - state.log_prior) + log_q
-    accept = metropolis_hastings(k_accept, log_ratio, log_likelihood + log_prior)
-    kept = where(accept, (up, edge, params, log_likelihood, log_prior),
-                  (state.up, state.edge, state.params, state.log_likelihood, state.log_prior))
-    state = eqx.tree_at(
-        lambda s: (s.up, s.edge, s.params, s.log_likelihood, s.log_prior, s.proposed, s.accepted, s.tunings, s.key),
-        state, kept + tally(state.proposed, state.accepted, kind, accept) + (_tuned(state, slot, accept, settings), key))
-    state = _swap_heats(state, k_swap, settings)
-    return eqx.tree_at(lambda s: s.generation, state, state.generation + 1)
+def _target_acceptance(slot):
+    """HMC's (tuning column 3) target acceptance is 0.65; every other move's 0.3."""
+    return jnp.where(slot == 3, HMC_TARGET_ACCEPTANCE, TARGET_ACCEPTANCE)
 
 
-def _tuned(state: ChainState, slot, accept, settings: MC3Settings):
-    """Robbins-Monro steps on the log of the used move's tuning (`slot`, -1 for none) towards its target
-    acceptance (HMC's 0.65, else 0.3), while tuning."""
-    target = jnp.where(slot == 3, HMC_TARGET_ACCEPTANCE, TARGET_ACCEPTANCE)
-    return robbins_monro(state.tunings, slot, accept, target, state.generation, settings.tune_generations,
-                         (1e-4, 20.0))
+def move_weights(settings: MC3Settings, has_params: bool) -> jax.Array:
+    """The weights of `MOVES`, with nothing to move for `parameters` when the model has no free parameter."""
+    weights = jnp.asarray([dict(settings.moves).get(name, 0.0) for name in MOVES])
+    return weights if has_params else weights.at[MOVES.index("parameters")].set(0.0)
 
 
-def _swap_heats(state: ChainState, key, settings: MC3Settings) -> ChainState:
-    """In every run, two random chains propose to exchange heats."""
-    runs, chains = settings.runs, settings.chains
-    if chains < 2:
-        return state
-    k1, k2, k3 = jax.random.split(key, 3)
-    i = jax.random.randint(k1, (runs,), 0, chains)
-    j = (i + 1 + jax.random.randint(k2, (runs,), 0, chains - 1)) % chains
-    heat = state.heat.reshape(runs, chains)
-    log_post = (state.log_likelihood + state.log_prior).reshape(runs, chains)
-    rows = jnp.arange(runs)
-    hi, hj = heat[rows, i], heat[rows, j]
-    beta = heats(settings)
-    log_ratio = (beta[hi] - beta[hj]) * (log_post[rows, j] - log_post[rows, i])
-    accept = jnp.log(jax.random.uniform(k3, (runs,))) < log_ratio
-    heat = heat.at[rows, i].set(jnp.where(accept, hj, hi)).at[rows, j].set(jnp.where(accept, hi, hj))
-    low, high = jnp.minimum(hi, hj), jnp.maximum(hi, hj)
-    return eqx.tree_at(lambda s: (s.heat, s.swaps_tried, s.swaps_accepted), state,
-                       (heat.reshape(-1), state.swaps_tried.at[rows, low, high].add(1),
-                        state.swaps_accepted.at[rows, low, high].add(accept.astype(jnp.int32))))
+def build_kernel(posterior: Posterior, settings: MC3Settings, tune_generations, has_params: bool):
+    """`step(key, state) -> (state, info)`: one generation of every chain (`base.build_kernel` with MC³'s
+    proposals), at its heat, then the heat swaps (`tempered.tempered`)."""
+    step = base.build_kernel(_propose(posterior, settings, move_weights(settings, has_params)), posterior.score,
+                             _target_acceptance, tune_generations, (1e-4, 20.0), posterior.keep)
+    return tempered.tempered(step, settings.runs, settings.chains, settings.temperature)
 
 
 class Sample(eqx.Module):
@@ -253,41 +256,48 @@ class Sample(eqx.Module):
     log_prior: jax.Array
 
 
-def cold_chains(state: ChainState, settings: MC3Settings) -> Sample:
+def cold_chains(state: tempered.TemperedState, settings: MC3Settings) -> Sample:
+    """The cold chain of every run."""
     shaped = lambda x: x.reshape((settings.runs, settings.chains) + x.shape[1:])  # noqa: E731
     cold = jnp.argmin(shaped(state.heat), axis=1)
     pick = lambda x: jnp.take_along_axis(shaped(x), cold.reshape((-1, 1) + (1,) * (x.ndim - 1)), axis=1)[:, 0]  # noqa
-    parents, lengths = jax.vmap(from_view)(pick(state.up), pick(state.edge), pick(state.root))
-    return Sample(parents, lengths, jax.tree.map(pick, state.params), pick(state.log_likelihood),
-                  pick(state.log_prior))
+    chains = state.chains
+    at = chains.position
+    parents, lengths = jax.vmap(from_view)(pick(at.up), pick(at.edge), pick(at.root))
+    return Sample(parents, lengths, jax.tree.map(pick, at.params), pick(chains.log_likelihood),
+                  pick(chains.log_prior))
 
 
 @eqx.filter_jit
-def run_block(state: ChainState, posterior: Posterior, settings: MC3Settings, count):
-    """`count` (<= `settings.block`, a traced number: one program) samples of `sample_every` generations each;
-    the cold chains at each sample (`[block, runs, ...]`; rows past `count` repeat the last state)."""
-    weights = jnp.asarray([dict(settings.moves).get(name, 0.0) for name in MOVES])
-    if not jax.tree.leaves(state.params):
-        weights = weights.at[MOVES.index("parameters")].set(0.0)  # nothing to move
-
-    def sampled(state, i):
-        steps = jnp.where(i < count, settings.sample_every, 0)
-        state = jax.lax.fori_loop(0, steps, lambda _, s: generation(s, posterior, settings, weights), state)
-        return state, cold_chains(state, settings)
-
-    return jax.lax.scan(sampled, state, jnp.arange(settings.block))
+def run_block(state: tempered.TemperedState, key, posterior: Posterior, settings: MC3Settings, count,
+              tune_generations):
+    """`count` (<= `settings.block`) samples of `sample_every` generations each, `count` and
+    `tune_generations` traced (one program per `settings.program()`); returns `(state, key, the cold chains at
+    each sample [block, runs, ...])` (rows past `count` repeat the last state)."""
+    step = build_kernel(posterior, settings, tune_generations, bool(jax.tree.leaves(state.chains.position.params)))
+    return base.sample_blocks(step, state, key, count, settings.block, settings.sample_every,
+                              lambda s: cold_chains(s, settings))
 
 
-def initial_state(trees, params, posterior: Posterior, settings: MC3Settings, seed: int) -> ChainState:
-    """Chains started from kernel trees `(parents [B, M], lengths [B, M] or [B, M, K])` and parameters `[B, ...]`."""
+def without_partials(state: tempered.TemperedState) -> tempered.TemperedState:
+    """The state a checkpoint keeps: the partials are left out (hundreds of MB on large alignments) and
+    `with_partials` computes them again, to the same bits (a node's partials depend on its subtree alone)."""
+    return eqx.tree_at(lambda s: s.chains.cache, state, ())
+
+
+@eqx.filter_jit
+def with_partials(state: tempered.TemperedState, posterior: Posterior) -> tempered.TemperedState:
+    return eqx.tree_at(lambda s: s.chains.cache, state, posterior.first_score(state.chains.position)[2])
+
+
+def init(trees, params, posterior: Posterior, settings: MC3Settings) -> tempered.TemperedState:
+    """Chains started from kernel trees `(parents [B, M], lengths [B, M] or [B, M, K])` and parameters `[B, ...]`,
+    run-major, heat `k` on chain `k` of every run."""
     parents, lengths = trees
     up, edge = jax.vmap(to_view)(jnp.asarray(parents, jnp.int32), jnp.asarray(lengths))
     root = jnp.argmin(jnp.asarray(parents), axis=1).astype(jnp.int32)
     b = parents.shape[0]
     sites = [START_TUNING[support_kind(support)] for _, support in sorted(posterior.supports().items())]
     tunings = jnp.broadcast_to(jnp.asarray([MULTIPLIER_TUNING] * 3 + [HMC_START_STEP] + sites), (b, 4 + len(sites)))
-    zeros = jnp.zeros((b, len(MOVES)), jnp.int32)
-    swaps = jnp.zeros((settings.runs, settings.chains, settings.chains), jnp.int32)
-    return ChainState(up, edge, root, params, posterior.log_likelihoods(up, edge, root, params),
-                      posterior.log_priors(up, edge, params), jnp.tile(jnp.arange(settings.chains), settings.runs),
-                      tunings, zeros, zeros, swaps, swaps, jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed))
+    chains = base.init(UnrootedPosition(up, edge, root, params), posterior.first_score, tunings, (), len(MOVES))
+    return tempered.init(chains, settings.runs, settings.chains)

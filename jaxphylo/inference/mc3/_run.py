@@ -1,6 +1,6 @@
 """`mc3`: a Metropolis-coupled MCMC run over trees, from an alignment to MrBayes-style outputs.
 
-Blocks of `MC3Settings.block` samples run on the device (`_mc3.run_block`);
+Blocks of `MC3Settings.block` samples run on the device (`_kernel.run_block`);
 between blocks the host converts the cold chains' samples to splits and
 lines of the output files, computes ASDSF, reports progress, writes the
 checkpoint, and reads stop requests. The checkpoint holds the whole device
@@ -27,7 +27,7 @@ from ...tree import kernel_batch, phase_widths, random_topology_tree
 from ...likelihood import PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template
 from ...models import ModelCoordinates, PartitionedModel, describe_priors, model_record, parameter_names, resolve_model
 from ...io import nexus_trees_header
-from ._kernel import MC3Settings, MOVES, Posterior, initial_state, run_block
+from ._kernel import MC3Settings, MOVES, Posterior, init, run_block, with_partials, without_partials
 from ._summary import RunSamples, asdsf, consensus_newick, convergence, split_frequencies, tree_newick
 
 
@@ -97,7 +97,7 @@ def mc3(
     settings = settings or MC3Settings(runs=runs, chains=chains, generations=generations, sample_every=sample_every,
                                        temperature=temperature, stop_asdsf=stop_asdsf)
     taxa = tuple(alignment.taxa)
-    posterior, state = starting_state(alignment, model, settings, seed, priors, precision, prior_only, mesh)
+    posterior, state, key = starting_state(alignment, model, settings, seed, priors, precision, prior_only, mesh)
     coordinates = posterior.coordinates
     names = ["LnL", "LnPr", "TL"] + _part_length_names(coordinates.template) + parameter_names(coordinates)
     record = {"alignment": alignment_digest(alignment), "model": model_record(model), "seed": seed, "precision": precision,
@@ -108,23 +108,28 @@ def mc3(
     trace: list = []
     run = BlockRun(None if out is None else Path(out) / "checkpoint.pkl", record, files.paths(), stop)
     if (saved := run.open(resume)) is not None:
-        state, trace = place_batch(from_numpy(saved["state"], state), mesh), saved["trace"]
+        saved_state = place_batch(from_numpy(saved["state"], without_partials(state)), mesh)
+        state, key, trace = with_partials(saved_state, posterior), saved["key"], saved["trace"]
+        key = _placed_key(jnp.asarray(key), mesh)
         samples = [RunSamples.from_plain(plain) for plain in saved["samples"]]
     else:
         files.start()
 
     def payload():
-        return {"state": to_numpy(state), "samples": [s.to_plain() for s in samples], "trace": trace}
+        return {"state": to_numpy(without_partials(state)), "key": np.asarray(to_host(key)), "samples": [s.to_plain() for s in samples],
+                "trace": trace}
 
     total = settings.generations // settings.sample_every
+    program, tune = settings.program(), np.int32(settings.tune_generations)
     began = time.perf_counter()
     while len(samples[0].generations) < total and not _converged(trace, settings):
-        run.stop_point(payload, f"after {int(state.generation)} generations")
+        run.stop_point(payload, f"after {int(state.chains.generation)} generations")
         count = min(settings.block, total - len(samples[0].generations))
-        state, block = run_block(state, posterior, settings, np.int32(count))
+        state, key, block = run_block(state, key, posterior, program, np.int32(count), tune)
         block = jax.tree.map(to_host, block)  # under jax.distributed: every process reads all of it
-        _collect(block, count, int(state.generation), settings, coordinates, taxa, samples, files)
-        trace.append((int(state.generation), asdsf(samples, settings.burnin, settings.min_split_frequency)))
+        generation = int(state.chains.generation)
+        _collect(block, count, generation, settings, coordinates, taxa, samples, files)
+        trace.append((generation, asdsf(samples, settings.burnin, settings.min_split_frequency)))
         run.save(payload)
         if progress is not None:
             progress(trace[-1][0], [s.columns[-1][0] for s in samples], trace[-1][1])
@@ -135,8 +140,9 @@ def mc3(
 
 
 def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int = 0, priors=None,
-                   precision: str = "float64", prior_only: bool = False, mesh=None) -> tuple[Posterior, object]:
-    """The posterior of `alignment` under `model` and every chain's first state (random topologies)."""
+                   precision: str = "float64", prior_only: bool = False, mesh=None) -> tuple[Posterior, object, object]:
+    """The posterior of `alignment` under `model`, every chain's first state (random topologies) and the
+    run's random key."""
     taxa = tuple(alignment.taxa)
     if len(taxa) < 4:
         raise InputError(f"{alignment.source}: MC³ over unrooted trees needs at least 4 taxa, not {len(taxa)}")
@@ -150,11 +156,18 @@ def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int
     data = place_data(search_data(alignment, starts, template), mesh)  # a partitioned model's parts side by side
     dtype = PRECISIONS[precision]
     widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b))
-    posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only, settings.branch_rate)
+    posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only, settings.branch_rate,
+                          settings.incremental)
     params = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
     lengths = search_lengths(starts.branch_lengths, template)
     trees = place_batch((starts.parents, lengths), mesh)
-    return posterior, place_batch(initial_state(trees, place_batch(params, mesh), posterior, settings, seed), mesh)
+    state = place_batch(init(trees, place_batch(params, mesh), posterior, settings), mesh)
+    return posterior, state, _placed_key(jax.random.PRNGKey(seed), mesh)
+
+
+def _placed_key(key, mesh):
+    """The run's key on every device of the mesh (under `jax.distributed` it must span the mesh)."""
+    return key if mesh is None else replicate(key, mesh)
 
 
 def _converged(trace, settings: MC3Settings) -> bool:
@@ -192,12 +205,12 @@ def _collect(block, count, generation, settings, coordinates, taxa, samples, fil
 
 def _result(state, samples, names, settings, trace, taxa, seconds) -> MC3Result:
     state = jax.tree.map(to_host, state)
-    proposed, accepted = state.proposed.sum(0), state.accepted.sum(0)
+    proposed, accepted = state.chains.proposed.sum(0), state.chains.accepted.sum(0)
     acceptance = {m: float(a / p) for m, p, a in zip(MOVES, proposed, accepted) if p > 0}
     tried = np.asarray(state.swaps_tried)
     swap_rates = np.asarray(state.swaps_accepted) / np.maximum(tried, 1)
     return MC3Result(taxa, samples, names, settings, trace[-1][1] if trace else float("nan"), trace, acceptance,
-                     swap_rates, int(state.generation), seconds)
+                     swap_rates, int(state.chains.generation), seconds)
 
 
 class _OutputFiles:

@@ -28,7 +28,5 @@ from ._unrooted import (
     BRANCH_MOVES as BRANCH_MOVES,
     MULTIPLIER_TUNING as MULTIPLIER_TUNING,
     TOPOLOGY_MOVES as TOPOLOGY_MOVES,
-    from_view as from_view,
     propose_tree as propose_tree,
-    to_view as to_view,
 )

@@ -28,9 +28,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from ...tree import ancestors_of, jump_rounds, jumps
+from ...tree import ancestors_of, jump_rounds, jumps, node_children
 from ..base import uniform_choice
-from ._unrooted import children
 
 TIME_TREE_MOVES = ("narrow_exchange", "wide_exchange", "subtree_slide", "wilson_balding", "node_height",
                    "root_height")
@@ -71,7 +70,7 @@ def narrow_exchange(key, parents: Int[Array, "M"], heights: Float[Array, "M"], t
     `p`. From the new tree, drawing `u` (probability `1 / (M - 1)`) proposes
     the way back (`i` is younger than `p`), so `log q = 0`.
     """
-    kids = children(parents)
+    kids = node_children(parents)
     i = uniform_choice(key, parents >= 0)
     p = parents[i]
     g = parents[p]
@@ -142,7 +141,7 @@ def subtree_slide(key, parents: Int[Array, "M"], heights: Float[Array, "M"], win
     `c` the node whose edge received `p`. Heights map by a translation: Jacobian 1.
     """
     k_node, k_step, k_edge = jax.random.split(key, 3)
-    kids = children(parents)
+    kids = node_children(parents)
     i = uniform_choice(k_node, parents >= 0)
     pruned, p, s, g = _pruned(parents, kids, i)
     height = heights[p] + window * jax.random.uniform(k_step, minval=-1.0, maxval=1.0, dtype=heights.dtype)
@@ -176,7 +175,7 @@ def wilson_balding(key, parents: Int[Array, "M"], heights: Float[Array, "M"], tu
         log q = log(h_(parent c) - max(h_i, h_c)) - log(h_g - max(h_i, h_s)).
     """
     k_node, k_edge, k_height = jax.random.split(key, 3)
-    kids = children(parents)
+    kids = node_children(parents)
     i = uniform_choice(k_node, parents >= 0)
     pruned, p, s, g = _pruned(parents, kids, i)
     detached = _detached(parents, p, i)
@@ -197,7 +196,7 @@ def node_height(key, parents: Int[Array, "M"], heights: Float[Array, "M"], tunin
     operator): the window depends on neither the old nor the new height, so `log q = 0`."""
     k_node, k_height = jax.random.split(key)
     m = parents.shape[0]
-    kids = children(parents)
+    kids = node_children(parents)
     internal = kids[:, 0] >= 0
     v = uniform_choice(k_node, internal & (parents >= 0))
     low = jnp.max(heights[kids[v]])
@@ -213,7 +212,7 @@ def root_height(key, parents: Int[Array, "M"], heights: Float[Array, "M"], scale
     `d -> m d` has Jacobian `m` and the reverse draws `1/m` with the same
     density in `log m`, so `log q = log m`.
     """
-    kids = children(parents)
+    kids = node_children(parents)
     root = jnp.argmin(parents)
     low = jnp.max(heights[kids[root]])
     log_m = scale * (jax.random.uniform(key, dtype=heights.dtype) - 0.5)

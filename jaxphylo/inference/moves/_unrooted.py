@@ -1,14 +1,8 @@
 """Metropolis-Hastings proposals on unrooted trees held as arrays on the device.
 
-A tree is the search's kernel tree (`jaxphylo.tree`, kernel form): `parents [M]` of a binary
-tree whose root `R` has two children, tip 0 and an internal node `w` whose
-branch is fixed at zero, so tip 0's branch carries the edge between tip 0 and
-`w`. The moves work on the *tip-0 view* of the same tree: the unrooted tree
-hung from tip 0, `up[v]` the neighbour of `v` towards tip 0 (`up[w] = 0`,
-`up[0] = up[R] = -1`) and `edge[v]` the length of the edge between `v` and
-`up[v]` (`edge[w]` is tip 0's kernel branch). Every node but 0 and `R` then
-owns exactly one edge: the 2N - 3 edges of the unrooted tree. Branch lengths
-travel with their nodes, so relabelling moves have Jacobian 1.
+Trees are in the tip-0 view (`jaxphylo.tree.to_view`): `up[v]` the neighbour of `v` towards tip 0 and
+`edge[v]` the length of the edge between them, so every node but tip 0 and the kernel root owns exactly one
+edge of the unrooted tree. Branch lengths travel with their nodes, so relabelling moves have Jacobian 1.
 
 Lengths are `edge [M]`, or `[M, K]` for a partitioned model with unlinked
 lengths (`-Q`: every part its own). Then the topology choices are shared by
@@ -33,42 +27,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from ...tree import descendants, neighbours, node_children, sibling
 from ..base import uniform_choice
 
 MULTIPLIER_TUNING = 2.0 * math.log(2.0)  # MrBayes's default lambda for multiplier moves: m in [1/2, 2]
-
-
-def to_view(parents: Int[Array, "M"], lengths: Float[Array, "M"]):
-    """Kernel tree -> tip-0 view `(up, edge)`; the root `R` keeps its id and is marked -1."""
-    root = jnp.argmin(parents)
-    w = jnp.argmax((parents == root) & (jnp.arange(parents.shape[0]) != 0))
-    up = parents.at[w].set(0).at[0].set(-1).at[root].set(-1)
-    edge = lengths.at[w].set(lengths[0]).at[0].set(0.0).at[root].set(0.0)
-    return up, edge
-
-
-def from_view(up: Int[Array, "M"], edge: Float[Array, "M"], root: Int[Array, ""]):
-    """Tip-0 view -> kernel tree rooted on tip 0's edge at node `root`."""
-    w = jnp.argmax(up == 0)
-    parents = up.at[w].set(root).at[0].set(root).at[root].set(-1)
-    lengths = edge.at[0].set(edge[w]).at[w].set(0.0).at[root].set(0.0)
-    return parents, lengths
-
-
-def children(up: Int[Array, "M"]) -> Int[Array, "M 2"]:
-    """The (at most two) children of every node in the view, -1 where absent (tips; tip 0 has one)."""
-    m = up.shape[0]
-    node = jnp.arange(m)
-    slot = jnp.where(up >= 0, up, m)  # parentless nodes write nowhere
-    first = jnp.full(m, m, up.dtype).at[slot].min(node.astype(up.dtype), mode="drop")
-    second = jnp.full(m, -1, up.dtype).at[slot].max(node.astype(up.dtype), mode="drop")
-    first = jnp.where(first == m, -1, first)
-    return jnp.stack([first, jnp.where(second == first, -1, second)], axis=-1)
-
-
-def sibling(up: Int[Array, "M"], kids: Int[Array, "M 2"], v) -> Int[Array, ""]:
-    pair = kids[up[v]]
-    return jnp.where(pair[0] == v, pair[1], pair[0])
 
 
 def _internal_edges(up, num_tips):
@@ -86,30 +48,11 @@ def stochastic_nni(key, up, edge, num_tips: int):
     edge length (a permutation of lengths: Jacobian 1). So `log q = 0`.
     """
     k1, k2 = jax.random.split(key)
-    kids = children(up)
+    kids = node_children(up)
     v = uniform_choice(k1, _internal_edges(up, num_tips))
     u, s = up[v], sibling(up, kids, v)
     x = kids[v, jax.random.bernoulli(k2).astype(jnp.int32)]
     return up.at[x].set(u).at[s].set(v), edge, jnp.zeros(())
-
-
-def descendants(up: Int[Array, "M"], node) -> Array:
-    """Mask of `node` and every node below it in the view.
-
-    Pointer doubling: after round `k`, `hit[v]` says whether `node` is among
-    the first `2^k` of `v`'s ancestors (itself included) and `jump[v]` is
-    `v`'s `2^k`-th ancestor; `ceil(log2 M)` rounds, unrolled (no loop on the
-    device, whose every iteration would cost a launch and a host round trip).
-    """
-    m = up.shape[0]
-    hit = jnp.arange(m) == node
-    jump = up
-    for _ in range(max(1, math.ceil(math.log2(m)))):
-        valid = jump >= 0
-        safe = jnp.maximum(jump, 0)
-        hit = hit | (valid & hit[safe])
-        jump = jnp.where(valid, jump[safe], -1)
-    return hit
 
 
 def subtree_prune_regraft(key, up, edge, num_tips: int):
@@ -130,7 +73,7 @@ def subtree_prune_regraft(key, up, edge, num_tips: int):
     k1, k2, k3 = jax.random.split(key, 3)
     m = up.shape[0]
     node = jnp.arange(m)
-    kids = children(up)
+    kids = node_children(up)
     w = jnp.argmax(up == 0)
     p = uniform_choice(k1, (node != 0) & (up >= 0) & (node != w))
     q = up[p]
@@ -198,11 +141,6 @@ EXTENSION = 0.5  # probability of walking one more edge in the extending moves (
 MAX_STEPS = 8  # the walk stops there (a forced stop, counted in the Hastings ratio); P(reaching it) = 1 / 128
 
 
-def neighbours(up: Int[Array, "M"]) -> Int[Array, "M 3"]:
-    """Every node's neighbours in the unrooted tree (its view parent and children), -1 where absent."""
-    return jnp.concatenate([up[:, None], children(up)], axis=1)
-
-
 def extending_walk(key, nb: Int[Array, "M 3"], start, steps: int = MAX_STEPS, extension: float = EXTENSION):
     """A walk from the edge `start = (a, b)` across at least one node, each further node with probability
     `extension`, never back, stopping at tips and after `steps` nodes.
@@ -251,7 +189,7 @@ def _prune(key, up, edge):
     """The common start of the SPR moves: a uniformly chosen `p` (not 0, `R`, `w`), its parent `q` taken out
     (`p`'s sibling `r` takes the merged edge to `q`'s parent `g`), `q` detached with `p` still below it."""
     node = jnp.arange(up.shape[0])
-    kids = children(up)
+    kids = node_children(up)
     w = jnp.argmax(up == 0)
     p = uniform_choice(key, (node != 0) & (up >= 0) & (node != w))
     q = up[p]
@@ -295,7 +233,7 @@ def extending_spr(key, up, edge, num_tips: int):
 def _reroot_subtree(key, up, edge, p):
     """The subtree below `p` re-rooted by a walk (see `extending_tbr`): `(up, edge, log q, moved)`."""
     k1, k2, k3 = jax.random.split(key, 3)
-    a, b = children(up)[p]
+    a, b = node_children(up)[p]
     is_tip = a < 0
     a, b = jnp.where(is_tip, 0, a), jnp.where(is_tip, 0, b)  # a tip: a walk from tip 0 to itself, not possible
     nb = neighbours(up)

@@ -16,6 +16,7 @@ from ._distribution import (
 from ._outputs import (
     column_labels as column_labels,
     tip_height_draws as tip_height_draws,
+    tracer_columns as tracer_columns,
     write_outputs as write_outputs,
 )
 from ._runner import (

@@ -4,14 +4,17 @@ Unrooted (no clock): branch lengths in substitutions per site, i.i.d.
 Exponential(`branch_rate`) or Gamma–Dirichlet.
 
 Time trees (`clock="strict"` or `"relaxed"`): node heights under a tree prior
-(`coalescent`, `skygrid`, `yule`, `birth-death`), reached through the ratio
+(`coalescent`, `exponential`, `skygrid`, `yule`, `birth-death`), reached through the ratio
 transform; branch lengths are `rate x duration`. With tip dates the mean clock
 rate gets the CTMC reference prior Gamma(1/2, tree length in time) (Ferreira &
 Suchard 2008, BEAST's default); without them heights are in substitutions and
 the mean rate is 1. The relaxed clock is uncorrelated lognormal: branch rates
 `m exp(s z - s^2 / 2)`, `z ~ N(0, 1)` (non-centred, so NUTS sees no funnel),
 `s ~ Exponential(3)` (mean 1/3, BEAST's default). Scale hyperparameters
-(population size, birth rate) get the 1/x prior.
+(population size, birth rate) get the 1/x prior (improper). The exponential-growth
+coalescent's growth rate is Laplace(0, `growth_rate_scale`) (BEAUti 1.10.4's default:
+scale 1, in 1 / time units). The skygrid's smoothing precision is Gamma(0.001, 0.001),
+or fixed at `skygrid_precision` when given.
 
 Tip-date sampling (BEAST's): a tip dated to an interval `[a, b]` (decimal
 years) has its height `reference - date` sampled under a uniform prior on
@@ -48,11 +51,11 @@ from ...models import (
     sample_model,
 )
 from ._distribution import PhyloCTMC
-from ..priors import BirthDeath, ConstantCoalescent, GammaDirichlet, Skygrid, Yule
+from ..priors import BirthDeath, ConstantCoalescent, ExponentialCoalescent, GammaDirichlet, Skygrid, Yule
 
 CLOCKS = (None, "strict", "relaxed")
 UNROOTED_PRIORS = ("exponential", "gamma-dirichlet")
-TIME_PRIORS = ("coalescent", "skygrid", "yule", "birth-death")
+TIME_PRIORS = ("coalescent", "exponential", "skygrid", "yule", "birth-death")  # exponential: growth (with a clock)
 PRIOR_SETS = {"default": {}, "mrbayes": MRBAYES_PRIORS}
 
 
@@ -68,6 +71,8 @@ class Analysis:
     priors: str = "default"
     skygrid_intervals: int = 10
     skygrid_cutoff: float | None = None  # default: 1.2 x the starting tree's root height
+    skygrid_precision: float | None = None  # fixed smoothing precision (default: sampled, Gamma(0.001, 0.001))
+    growth_rate_scale: float = 1.0  # the exponential-growth coalescent's Laplace(0, scale) on its growth rate
     precision: str = "float64"
     partitions: str | None = None  # a partition file (NEXUS sets/charpartition, RAxML-style): a model per part
     link: str = "proportional"  # partitions' branch lengths: proportional (-p), equal (-q), unlinked (-Q)
@@ -79,6 +84,12 @@ class Analysis:
         if self.tree_prior is not None and self.tree_prior not in allowed:
             kind = "a time tree (--clock)" if self.clock else "an unrooted tree (no --clock)"
             raise ModelError(f"tree prior {self.tree_prior!r} does not apply to {kind}; choose from {', '.join(allowed)}")
+        if self.skygrid_precision is not None and not (self.clock and self.tree_prior == "skygrid"):
+            raise ModelError("skygrid_precision fixes the skygrid's smoothing precision: it needs tree_prior='skygrid'")
+        if self.skygrid_precision is not None and not self.skygrid_precision > 0:
+            raise ModelError(f"the skygrid precision must be positive, got {self.skygrid_precision}")
+        if not self.growth_rate_scale > 0:
+            raise ModelError(f"the growth rate's Laplace scale must be positive, got {self.growth_rate_scale}")
         if self.priors not in PRIOR_SETS:
             raise ModelError(f"prior set must be one of {', '.join(PRIOR_SETS)}, not {self.priors!r}")
         if not self.branch_rate > 0:
@@ -219,6 +230,10 @@ def _tree_prior(analysis, time, cutoff, tips):
     kind = analysis.resolved_tree_prior
     if kind == "coalescent":
         return ConstantCoalescent(time, _improper_positive("population_size"), tip_heights=tips)
+    if kind == "exponential":  # BEAST's: N0 ~ 1/x, growth rate ~ Laplace(0, scale)
+        size = _improper_positive("population_size")
+        growth = numpyro.sample("growth_rate", dist.Laplace(0.0, analysis.growth_rate_scale))
+        return ExponentialCoalescent(time, size, growth, tip_heights=tips)
     if kind == "yule":
         return Yule(time, _improper_positive("birth_rate"))
     if kind == "birth-death":
@@ -227,7 +242,9 @@ def _tree_prior(analysis, time, cutoff, tips):
         return BirthDeath(time, net / (1 - turnover), net * turnover / (1 - turnover))
     k = analysis.skygrid_intervals
     first = numpyro.sample("skygrid_first", dist.ImproperUniform(constraints.real, (), ()))
-    precision = numpyro.sample("skygrid_precision", dist.Gamma(0.001, 0.001))
+    precision = analysis.skygrid_precision
+    if precision is None:
+        precision = numpyro.sample("skygrid_precision", dist.Gamma(0.001, 0.001))
     steps = numpyro.sample("skygrid_steps", dist.Normal(0.0, 1.0).expand([k - 1]).to_event(1))
     sizes = first + jnp.concatenate([jnp.zeros(1), jnp.cumsum(steps)]) / jnp.sqrt(precision)
     numpyro.deterministic("log_population_sizes", sizes)
@@ -288,16 +305,19 @@ def _time_tree_start(analysis, time, tips, heights, rate):
     if not time.contemporaneous:
         start["clock_rate"] = jnp.asarray(rate)
     kind = analysis.resolved_tree_prior
-    if kind == "coalescent":
+    if kind in ("coalescent", "exponential"):
         start["population_size"] = jnp.asarray(root / 2)
+        if kind == "exponential":
+            start["growth_rate"] = jnp.asarray(0.0)  # BEAUti's start
     elif kind == "yule":
         start["birth_rate"] = jnp.asarray(np.log(n) / root)
     elif kind == "birth-death":
         start.update(net_diversification=jnp.asarray(np.log(n) / root), turnover=jnp.asarray(0.5))
     else:
         k = analysis.skygrid_intervals
-        start.update(skygrid_first=jnp.asarray(np.log(root / 2)), skygrid_precision=jnp.asarray(1.0),
-                     skygrid_steps=jnp.zeros(k - 1))
+        start.update(skygrid_first=jnp.asarray(np.log(root / 2)), skygrid_steps=jnp.zeros(k - 1))
+        if analysis.skygrid_precision is None:
+            start["skygrid_precision"] = jnp.asarray(1.0)
     if analysis.clock == "relaxed":
         start.update(rate_spread=jnp.asarray(0.1), rate_z=jnp.zeros(time.topology.num_nodes - 1))
     return start

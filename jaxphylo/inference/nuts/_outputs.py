@@ -22,7 +22,7 @@ def column_labels(time: TimeTree | None) -> dict[str, list[str]]:
     return {"tip_dates": [f"date_{time.topology.taxa[tip]}" for tip in time.free_tips]}
 
 
-def _columns(samples: dict, labels: dict | None = None) -> list[tuple[str, np.ndarray]]:
+def tracer_columns(samples: dict, labels: dict | None = None) -> list[tuple[str, np.ndarray]]:
     """Scalar columns `[chains, draws]`: vectors become `name.1`, `name.2`, ... (Tracer's convention),
     or the names `labels[name]` gives."""
     columns = []
@@ -41,7 +41,7 @@ def _columns(samples: dict, labels: dict | None = None) -> list[tuple[str, np.nd
 def write_tracer_logs(out: Path, draws: Draws, labels: dict | None = None) -> list[Path]:
     """One tab-separated log per chain, as BEAST writes them: Tracer opens them as they are."""
     columns = [("posterior", draws.stats["posterior"]), ("likelihood", draws.stats["likelihood"]),
-               ("prior", draws.stats["prior"])] + _columns(draws.samples, labels)
+               ("prior", draws.stats["prior"])] + tracer_columns(draws.samples, labels)
     paths = []
     for chain in range(draws.num_draws and columns[0][1].shape[0]):
         path = out / f"chain{chain + 1}.log"
@@ -106,7 +106,7 @@ def _moments(values, prob: float) -> dict:
 
 def summary_table(draws: Draws, prob: float = 0.95, labels: dict | None = None) -> list[dict]:
     """Mean, sd, HPD interval, bulk ESS and split R-hat of every column."""
-    columns = [("likelihood", draws.stats["likelihood"])] + _columns(draws.samples, labels)
+    columns = [("likelihood", draws.stats["likelihood"])] + tracer_columns(draws.samples, labels)
     if draws.stats["likelihood"].shape[1] < MIN_DRAWS_FOR_DIAGNOSTICS:
         stats = {name: _moments(values, prob) for name, values in columns}
     else:

@@ -162,6 +162,19 @@ def coalescent_log_density(tree: TimeTree, heights, log_population_sizes, grid=(
     return coalescent_times_log_density(all_heights(tree, heights, tips), tree.num_tips, log_population_sizes, grid)
 
 
+def _coalescent_events(node_heights: Float[Array, " nodes"], num_tips: int, grid=()):
+    """Every sampling, coalescent and grid event sorted by time: `(times [E], change [E], lineages [E-1])`,
+    `change` +1 for a tip, -1 for a coalescence, 0 for a grid point, `lineages[i]` alive on `(times[i],
+    times[i+1])`."""
+    grid = np.asarray(grid, float)
+    times = jnp.concatenate([node_heights, jnp.asarray(grid, node_heights.dtype)])
+    internal = node_heights.shape[-1] - num_tips
+    change = np.concatenate([np.ones(num_tips), -np.ones(internal), np.zeros(len(grid))])
+    order = jnp.argsort(times)  # an integer order: `times[order]` carries the gradient
+    times, change = times[order], jnp.asarray(change)[order]
+    return times, change, jnp.cumsum(change)[:-1]
+
+
 def coalescent_times_log_density(node_heights: Float[Array, " nodes"], num_tips: int, log_population_sizes,
                                  grid=()) -> Float[Array, ""]:
     """The coalescent's log density of a labelled history with heights `node_heights` (tips first).
@@ -170,16 +183,44 @@ def coalescent_times_log_density(node_heights: Float[Array, " nodes"], num_tips:
     events `k` lineages coalesce at rate `C(k, 2) / theta`, and each coalescence adds `-log theta`.
     The topology does not enter: every labelled history with these times is equally likely.
     """
-    grid = np.asarray(grid, float)
-    times = jnp.concatenate([node_heights, jnp.asarray(grid, node_heights.dtype)])
-    internal = node_heights.shape[-1] - num_tips
-    change = np.concatenate([np.ones(num_tips), -np.ones(internal), np.zeros(len(grid))])
-    order = jnp.argsort(times)  # an integer order: `times[order]` carries the gradient
-    times, change = times[order], jnp.asarray(change)[order]
-    lineages = jnp.cumsum(change)[:-1]
+    times, change, lineages = _coalescent_events(node_heights, num_tips, grid)
     log_theta = jnp.asarray(log_population_sizes)[jnp.searchsorted(jnp.asarray(grid), times, side="right")]
     intervals = lineages * (lineages - 1) / 2 * jnp.diff(times) * jnp.exp(-log_theta[:-1])
     return -jnp.sum(intervals) - jnp.sum(jnp.where(change < 0, log_theta, 0.0))
+
+
+def _expm1_over(x):
+    """`(e^x - 1) / x`, 1 at 0, with a finite gradient there (its Taylor series where `|x| < 1e-4`: the
+    first omitted term, `x^4 / 120`, is below 1e-18)."""
+    small = jnp.abs(x) < 1e-4
+    safe = jnp.where(small, 1.0, x)  # keeps the other branch's gradient finite at 0
+    return jnp.where(small, 1 + x / 2 + x**2 / 6 + x**3 / 24, jnp.expm1(safe) / safe)
+
+
+def exponential_coalescent_times_log_density(node_heights: Float[Array, " nodes"], num_tips: int,
+                                             log_population_size, growth_rate) -> Float[Array, ""]:
+    """The coalescent's log density of a labelled history when the population size at height `t` is
+    `N(t) = N0 exp(-g t)` (BEAST's exponential growth: `N0` at height 0, `g > 0` growing towards the present).
+
+    Between consecutive events at heights `a < b`, `k` lineages coalesce with intensity
+
+        C(k, 2) integral_a^b e^(g t) / N0 dt = C(k, 2) e^(g a) (b - a) E(g (b - a)) / N0,
+        E(x) = (e^x - 1) / x  (E(0) = 1, so g = 0 is the constant coalescent, continuously),
+
+    and a coalescence at `t` adds `-log N(t) = -log N0 + g t`. Time runs from height 0 (the latest tip, or the
+    latest bound of a sampled tip's dates), as BEAST's does. With `g < 0` the intensity stays finite as
+    `t -> inf` and lineages may never meet: the density of finite trees then integrates to less than one,
+    as BEAST's, which does not renormalise it, does too.
+    """
+    times, change, lineages = _coalescent_events(node_heights, num_tips)
+    pairs = lineages * (lineages - 1) / 2
+    active = pairs > 0  # an interval with fewer than two lineages adds nothing; keep e^(g a) from overflowing there
+    start = jnp.where(active, times[:-1], 0.0)
+    width = jnp.where(active, jnp.diff(times), 0.0)
+    log_n0 = jnp.asarray(log_population_size)
+    intensity = pairs * jnp.exp(growth_rate * start - log_n0) * width * _expm1_over(growth_rate * width)
+    log_sizes = log_n0 - growth_rate * times
+    return -jnp.sum(jnp.where(active, intensity, 0.0)) - jnp.sum(jnp.where(change < 0, log_sizes, 0.0))
 
 
 class ConstantCoalescent(NodeHeightPrior):
@@ -198,6 +239,26 @@ class ConstantCoalescent(NodeHeightPrior):
     def log_prob(self, heights: Float[Array, " internal"]):
         log_size = jnp.log(jnp.atleast_1d(self.population_size))
         return coalescent_log_density(self.tree, heights, log_size, tips=self.tip_heights)
+
+
+class ExponentialCoalescent(NodeHeightPrior):
+    """Kingman's coalescent under exponential growth, BEAST's parameterisation: the population size
+    `N(t) = population_size x exp(-growth_rate x t)` at height `t` (time units, 0 the latest tip), so
+    `growth_rate > 0` is a population growing towards the present. Tips sampled through time as for
+    `ConstantCoalescent`; see `exponential_coalescent_times_log_density`. `growth_rate = 0` is
+    `ConstantCoalescent(tree, population_size)`.
+    """
+
+    def __init__(self, tree: TimeTree, population_size, growth_rate, validate_args=None, *,
+                 tip_heights: TipHeights = None):
+        _require_binary(tree, "coalescent")
+        self.population_size, self.growth_rate = population_size, growth_rate
+        super().__init__(tree, validate_args, tip_heights=tip_heights)
+
+    def log_prob(self, heights: Float[Array, " internal"]):
+        return exponential_coalescent_times_log_density(all_heights(self.tree, heights, self.tip_heights),
+                                                        self.tree.num_tips, jnp.log(self.population_size),
+                                                        self.growth_rate)
 
 
 class Skygrid(NodeHeightPrior):

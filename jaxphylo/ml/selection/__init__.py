@@ -7,6 +7,7 @@ from ._candidates import (
     fit_free_rate_sequences as fit_free_rate_sequences,
     parse_candidate as parse_candidate,
 )
+from ._batch_fit import gamma_category_means as gamma_category_means
 from ._criteria import CRITERIA as CRITERIA, akaike_weights as akaike_weights, information_criteria as information_criteria
 from ._select import (
     ModelFit as ModelFit,

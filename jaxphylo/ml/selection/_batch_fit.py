@@ -162,7 +162,7 @@ def _fit_batch(params, specs, tree, data, precision, tolerance, max_iterations):
     return jax.vmap(one)(params, specs)
 
 
-def _gamma_category_means(shape: float, k: int) -> np.ndarray:
+def gamma_category_means(shape: float, k: int) -> np.ndarray:
     """`discrete_gamma_rates(shape, k)` on the host (scipy): a +R k start with no program compiled per k.
 
     Yang's mean rates: x_i the i/k quantile of Gamma(a, 1), rate_i = k [P(a + 1, x_i) - P(a + 1, x_(i-1))].

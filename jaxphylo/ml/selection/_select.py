@@ -71,7 +71,7 @@ from ...models import (
 from .._fit import MLResult, _tree_lengths
 from ._criteria import _criterion, akaike_weights, information_criteria
 from ._candidates import Candidate, SCORE_DIFF_THRESHOLD, _DNA_NAMES, _automatic_rates, default_candidates, fit_free_rate_sequences, parse_candidate
-from ._batch_fit import MAX_SHAPE, MIN_SHAPE, _Spec, _fit_batch, _gamma_category_means, _pad, _padding, _rate_variation, _shape_inverse, _spec
+from ._batch_fit import MAX_SHAPE, MIN_SHAPE, _Spec, _fit_batch, gamma_category_means, _pad, _padding, _rate_variation, _shape_inverse, _spec
 
 
 
@@ -257,7 +257,7 @@ class _Selector:
                                free_rates=_pad(np.log(r[order]), padding)))
         shape = math.exp(math.log(MIN_SHAPE) + (math.log(MAX_SHAPE) - math.log(MIN_SHAPE)) /
                          (1.0 + math.exp(-float(base["gamma"]))))
-        rates = np.maximum(_gamma_category_means(shape, k), 1e-6)
+        rates = np.maximum(gamma_category_means(shape, k), 1e-6)
         starts.append(dict(base, free_rates=_pad(np.log(np.maximum(rates, 1e-3)), padding)))
         return starts
 

@@ -1,0 +1,65 @@
+"""Metropolis coupling: any kernel of `base.py` run at a ladder of heats, with heats swapped between chains.
+
+`runs x chains` chains (run-major) each hold a heat index; chain `i` runs the kernel at inverse temperature
+`beta[heat_i]`, `beta_k = 1 / (1 + lambda k)` (MrBayes's incremental heating; heat 0 is the cold chain).
+After every generation, in every run, two random chains `i`, `j` propose to exchange heats, accepted with
+probability `min(1, exp((beta_i - beta_j)(P_j - P_i)))`, `P` the log posterior (prior and likelihood heated
+together). Heats move, states do not (MrBayes's rule): nothing a chain keeps, its likelihood's partials
+included, moves between chains.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from .base import MCMCState
+
+
+class TemperedState(eqx.Module):
+    chains: MCMCState  # `[runs x chains]` leading
+    heat: Int[Array, " B"]  # each chain's heat index within its run; 0 is the cold chain
+    swaps_tried: Int[Array, "runs chains chains"]  # by (lower, higher) heat index
+    swaps_accepted: Int[Array, "runs chains chains"]
+
+
+def heats(chains: int, temperature: float) -> Float[Array, " chains"]:
+    """`beta_k = 1 / (1 + temperature k)`."""
+    return 1.0 / (1.0 + temperature * jnp.arange(chains))
+
+
+def init(chains: MCMCState, runs: int, per_run: int) -> TemperedState:
+    swaps = jnp.zeros((runs, per_run, per_run), jnp.int32)
+    return TemperedState(chains, jnp.tile(jnp.arange(per_run), runs), swaps, swaps)
+
+
+def tempered(step, runs: int, chains: int, temperature: float):
+    """`step(key, state, beta)` of every chain at its heat, then one heat swap per run: `(key, state) -> (state,
+    info)` over a `TemperedState`."""
+    beta = heats(chains, temperature)
+
+    def tempered_step(key, state: TemperedState):
+        k_step, k_swap = jax.random.split(key)
+        inner, info = step(k_step, state.chains, beta[state.heat])
+        state = eqx.tree_at(lambda s: s.chains, state, inner)
+        return (_swap_heats(k_swap, state, beta, runs, chains) if chains > 1 else state), info
+
+    return tempered_step
+
+
+def _swap_heats(key, state: TemperedState, beta, runs: int, chains: int) -> TemperedState:
+    k1, k2, k3 = jax.random.split(key, 3)
+    i = jax.random.randint(k1, (runs,), 0, chains)
+    j = (i + 1 + jax.random.randint(k2, (runs,), 0, chains - 1)) % chains
+    heat = state.heat.reshape(runs, chains)
+    log_post = (state.chains.log_likelihood + state.chains.log_prior).reshape(runs, chains)
+    rows = jnp.arange(runs)
+    hi, hj = heat[rows, i], heat[rows, j]
+    log_ratio = (beta[hi] - beta[hj]) * (log_post[rows, j] - log_post[rows, i])
+    accept = jnp.log(jax.random.uniform(k3, (runs,))) < log_ratio
+    heat = heat.at[rows, i].set(jnp.where(accept, hj, hi)).at[rows, j].set(jnp.where(accept, hi, hj))
+    low, high = jnp.minimum(hi, hj), jnp.maximum(hi, hj)
+    return TemperedState(state.chains, heat.reshape(-1), state.swaps_tried.at[rows, low, high].add(1),
+                         state.swaps_accepted.at[rows, low, high].add(accept.astype(jnp.int32)))
