@@ -21,6 +21,7 @@ On a GPU the same command runs the XLA loop (one iteration per position of the l
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import SHARED_DATA, device_record, save  # noqa: E402
 
 import jaxphylo as jp  # noqa: E402
-from jaxphylo.inference.moves import from_view, propose_tree, to_view  # noqa: E402
+from jaxphylo.inference.moves import propose_tree  # noqa: E402
 from jaxphylo.likelihood import (  # noqa: E402
     accept_partials,
     batch_pattern_log_likelihoods,
@@ -44,7 +45,7 @@ from jaxphylo.likelihood import (  # noqa: E402
     pattern_data,
     proposed_partials,
 )
-from jaxphylo.tree import kernel_batch, phase_widths  # noqa: E402
+from jaxphylo.tree import from_view, kernel_batch, phase_widths, to_view  # noqa: E402
 
 TREE_MOVES = 7
 
@@ -178,6 +179,7 @@ def main():
         alignment = jp.simulate(jp.random_topology_tree(names, seed=1), model, 1000, seed=2)
         record["rows"].append(run_case(f"simulated-{taxa}", alignment, model, "HKY+G4", args.chains,
                                        args.generations, args.repeats))
+    record["load_average_at_end"] = os.getloadavg()  # a shared machine: say how shared
     save(record, args.out, "incremental")
 
 

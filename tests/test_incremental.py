@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxphylo as jp
-from jaxphylo.inference.moves import from_view, propose_tree, to_view
+from jaxphylo.inference.moves import propose_tree
 from jaxphylo.likelihood import (
     accept_partials,
     batch_pattern_log_likelihoods,
@@ -28,7 +28,7 @@ from jaxphylo.likelihood import (
     pattern_data,
     proposed_partials,
 )
-from jaxphylo.tree import kernel_batch, phase_widths
+from jaxphylo.tree import from_view, kernel_batch, phase_widths, to_view
 
 CHAINS = 4
 STEPS = 12
