@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxphylo as jp
-from jaxphylo.inference.moves import from_view, propose_tree, to_view
+from jaxphylo.inference.moves import propose_tree
 from jaxphylo.likelihood import (
     accept_partials,
     batch_pattern_log_likelihoods,
@@ -28,7 +28,7 @@ from jaxphylo.likelihood import (
     pattern_data,
     proposed_partials,
 )
-from jaxphylo.tree import kernel_batch, phase_widths
+from jaxphylo.tree import from_view, kernel_batch, phase_widths, to_view
 
 CHAINS = 4
 STEPS = 12
@@ -153,3 +153,21 @@ def test_dirty_set_of_one_length_change_is_the_path_to_the_root():
     np.testing.assert_array_equal(np.flatnonzero(dirty[0]), [6])
     swapped = jnp.array([[4, 5, 4, 6, 5, 6, -1]])  # NNI: tips 1 and 2 exchanged
     np.testing.assert_array_equal(np.flatnonzero(dirty_nodes(swapped, lengths, parents, lengths)[0]), [4, 5, 6])
+
+
+def test_a_generation_updates_the_buffers_in_place():
+    """Compiled with the state donated, proposal + accept holds no copy of the partials buffers."""
+    alignment = alignment_of("simulated")
+    batch = chains(alignment, seed=11)
+    data, dtype, model = pattern_data(alignment, batch), jnp.float64, jp.parse_model("JC")
+    parents, lengths = batch.parents, batch.branch_lengths
+    state, _ = full_partials(model, parents, lengths, data, dtype)
+
+    def generation(state, new_lengths, accept):
+        proposal, per_pattern = proposed_partials(state, model, parents, new_lengths, parents, lengths, data, dtype)
+        return accept_partials(state, proposal, accept), per_pattern
+
+    text = jax.jit(generation, donate_argnums=0).lower(state, lengths * 1.1, jnp.ones(CHAINS, bool)).compile().as_text()
+    for buffers in (state.partials, state.log_scales):
+        shape = ",".join(str(d) for d in buffers.shape)
+        assert not [line for line in text.splitlines() if f"[{shape}]" in line and " copy(" in line]

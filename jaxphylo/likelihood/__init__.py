@@ -7,6 +7,10 @@ once, `ancestral_marginals`, `branch_length_derivatives`, `plan` (what a run wil
 Array level (for searches and samplers that manage their own trees and models): `pattern_data`,
 `model_arrays`/`kernel_arrays` and the layout of branch lengths, `batch_pattern_log_likelihoods` (topologies
 as data, a model per tree), the partitioned data and kernels' arrays, and `kernels` (the passes).
+
+Incremental (for samplers that keep each chain's partials between generations): `full_partials`,
+`proposed_partials` (only the nodes a move touched, found by diffing parent and length arrays:
+`dirty_nodes`, `operation_lists`) and `accept_partials` (a per-node buffer flip), on `NodePartials`.
 """
 
 from . import kernels as kernels

@@ -44,7 +44,8 @@ from ._arrays import PatternData, model_arrays
 
 
 class NodePartials(eqx.Module):
-    """Per chain, the rescaled partials and log scale factors of every internal node, by node id, twice.
+    """Per chain, the rescaled partials of every internal node and the sum of the log scale factors of its
+    subtree (the root's: the total), by node id, twice.
 
     Row `[b, k, v - N]` is buffer `k` of internal node `v` of chain `b`; `current[b, v - N]` says which
     buffer holds the kept tree's (for a proposal returned by `proposed_partials`: the proposal's).

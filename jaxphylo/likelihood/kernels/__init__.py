@@ -10,6 +10,9 @@ The contract every backend keeps (`_xla.py` is the reference the others are test
 - `pattern_log_likelihoods(P, pi, w, codes, table, schedule) -> [B, patterns]`, differentiable in
   `P`, `pi`, `w` and the table by the pre-order pass (a `jax.custom_vjp`).
 
+Incremental post-order (`_update.py`, for samplers): partials kept by node id in two buffers, only the
+nodes of an operation list recomputed in place (`update_partials`: the C++ kernel on a CPU, else XLA).
+
 Backends: `xla` (level-batched XLA ops, everywhere), `pallas` (Triton programs per level, opt-in on
 GPUs), `cpu` (the C++ XLA FFI kernel, `cpp/`). `_choice.py` chooses among them, and nothing else
 does; `_kernel.py` is the differentiable kernel built on that choice (`pattern_log_likelihoods`, a

@@ -4,16 +4,19 @@ The partials a sampler keeps between generations are indexed by *node id*
 (not by schedule slot, which moves when the topology does) and double
 buffered, as BEAGLE's and MrBayes's are: row `[b, k, v - N]` of
 `partials [B, 2, M - N, C, P, S]` and `log_scales [B, 2, M - N, P]` is buffer
-`k` of internal node `v` of chain `b`, and `buffer [B, M - N]` says which of
+`k` of internal node `v` of chain `b` (`log_scales`: the sum of the log scale
+factors of every internal node of `v`'s subtree, so that a node's row
+changes exactly when its partials do, and the root's is the total), and `buffer [B, M - N]` says which of
 the two holds the tree being evaluated. An operation list `operations [B, Q]`
 (internal node ids, children before parents, `counts [B]` of them real)
 names the nodes to recompute; each is written into its `buffer` row, its
 children read from theirs (a child not in the list keeps the row it had).
-A node's step is the same as the level passes' (`_xla`): `p_v = (P_a p_a) *
-(P_b p_b)`, rescaled by its maximum over categories and states per pattern,
-the log of that factor kept per node. Then, with the root's rescaled
-partials, `log L_c = log(sum_r w_r pi^T p_root,r,c) + sum_v log scale_v,c`
-over every internal node (each at its `buffer` row).
+A node's step is the level passes' (`_xla`): `p_v = (P_a p_a) * (P_b p_b)`,
+rescaled per pattern, but by the power of two `2^e` with the maximum over
+categories and states `m = f 2^e`, `f` in `[1/2, 1)` (`rescale_by_power_of_two`:
+exact, no division, and in C++ no log per node and pattern: `e log 2`); that
+log plus the children's subtree sums is the node's `log_scales` row.
+Then `log L_c = log(sum_r w_r pi^T p_root,r,c) + log_scales_root,c`.
 
 `update_partials` is the XLA version: one loop iteration per position of the
 longest list in the batch, each chain computing its own node of that
@@ -29,7 +32,7 @@ import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int
 
-from ._xla import apply_transition, rescale, root_sum
+from ._xla import apply_transition, root_sum
 
 
 def update_partials(
@@ -61,7 +64,9 @@ def update_partials(
         tips = tip_table[tip_codes[jnp.where(is_tip, kids, num_tips)]][:, :, None]  # [B, 2, 1, P, S]
         x = jnp.where(is_tip[..., None, None, None], tips, inner)
         messages = apply_transition(transition[batch[:, None], kids], x)
-        p, log_scale = rescale(messages[:, 0] * messages[:, 1])
+        p, log_scale = rescale_by_power_of_two(messages[:, 0] * messages[:, 1])
+        below = _read(log_scales, buffer[batch[:, None], rows], rows)  # [B, 2, P]: the children's subtree sums
+        log_scale = log_scale + jnp.sum(jnp.where(is_tip[..., None], 0.0, below), axis=1)
         # Past a chain's count its list holds clean nodes: write into their other buffer, which this
         # proposal never reads (no scatter with dropped rows, which a CPU runs element by element).
         row = v - num_tips
@@ -73,14 +78,21 @@ def update_partials(
                                                  category_weights, num_tips)
 
 
+def rescale_by_power_of_two(p: Float[Array, "*batch C patterns S"]):
+    """Divide each pattern by `2^e`, `m = f 2^e` its maximum over categories and states (`f` in [1/2, 1); not
+    positive: 1); return `e log 2`."""
+    top = jnp.max(p, axis=(-3, -1))
+    _, exponent = jnp.frexp(jnp.where(top > 0, top, 1.0))
+    return jnp.ldexp(p, -exponent[..., None, :, None]), exponent.astype(p.dtype) * jnp.log(2.0).astype(p.dtype)
+
+
 def log_likelihoods(partials, log_scales, buffer, root, root_frequencies, category_weights,
                     num_tips: int) -> Float[Array, "B patterns"]:
-    """`log L_c` from the root's rows and every internal node's log scale factors (each at its `buffer` row)."""
+    """`log L_c` from the root's rows: its rescaled partials and the sum of log scale factors below it."""
     batch = jnp.arange(partials.shape[0])
     row = root - num_tips
-    root_partials = partials[batch, buffer[batch, row], row]
-    scales = jnp.take_along_axis(log_scales, buffer[:, None, :, None], axis=1)[:, 0]
-    return jnp.log(root_sum(root_partials, root_frequencies, category_weights)) + jnp.sum(scales, axis=1)
+    at = buffer[batch, row]
+    return jnp.log(root_sum(partials[batch, at, row], root_frequencies, category_weights)) + log_scales[batch, at, row]
 
 
 def _read(buffer, which, rows):
