@@ -187,7 +187,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--commands", default="all", help="comma-separated names from the table (default all)")
-    parser.add_argument("--data", default="DS1", help="a folder of ../shared/data with alignment.fasta, tree.nwk")
+    parser.add_argument("--data", default="DS1", help="a folder with alignment.fasta and tree.nwk, or its name in ../shared/data")
     parser.add_argument("--no-cache", action="store_true", help="both runs with JAXPHYLO_CACHE_DIR=off")
     parser.add_argument("--quick", action="store_true", help="fewer bootstrap replicates")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "startup"))
@@ -198,7 +198,7 @@ def main() -> None:
 
     from _common import SHARED_DATA
 
-    data = SHARED_DATA / args.data
+    data = Path(args.data) if Path(args.data).is_dir() else SHARED_DATA / args.data
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     table = []

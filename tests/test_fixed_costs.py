@@ -1,0 +1,122 @@
+"""The fixed costs of a run: the persistent compilation cache (where it is, how to move or stop it, that a changed
+version misses rather than breaks), and programs that are neither traced nor compiled twice."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+import jaxphylo as jp
+from jaxphylo.cli import main
+from jaxphylo.runtime import (
+    DEFAULT_MAX_BYTES, cache_dir, cache_info, clear_cache, default_cache_dir, max_cache_bytes, trim_cache,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_default_folder_follows_the_platform_and_the_variable_moves_or_stops_it(monkeypatch, tmp_path):
+    monkeypatch.delenv("JAXPHYLO_CACHE_DIR", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "jaxphylo" / "xla" == cache_dir()
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "jaxphylo" / "xla"
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert default_cache_dir() == tmp_path / "home" / "Library" / "Caches" / "jaxphylo" / "xla"
+    monkeypatch.setenv("JAXPHYLO_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert cache_dir() == tmp_path / "elsewhere"
+    for off in ("off", "OFF", "0", "none"):
+        monkeypatch.setenv("JAXPHYLO_CACHE_DIR", off)
+        assert cache_dir() is None
+    assert max_cache_bytes() == DEFAULT_MAX_BYTES
+    monkeypatch.setenv("JAXPHYLO_CACHE_MAX_SIZE", "500M")
+    assert max_cache_bytes() == 500 * 2**20
+    monkeypatch.setenv("JAXPHYLO_CACHE_MAX_SIZE", "lots")
+    with pytest.raises(jp.InputError, match="JAXPHYLO_CACHE_MAX_SIZE"):
+        max_cache_bytes()
+
+
+def test_the_suite_never_writes_the_users_cache_folder():
+    in_use = jax.config.jax_compilation_cache_dir
+    home_default = Path(os.path.expanduser("~")) / ".cache" / "jaxphylo"
+    assert in_use is None or not Path(in_use).resolve().is_relative_to(home_default.resolve())
+
+
+# One program compiled in a fresh process: prints its value and what the persistent cache did (JSON). With an
+# argument, the jaxlib version that the cache key hashes is changed first, as after an upgrade.
+PROGRAM = """
+import json, sys
+import jax
+if len(sys.argv) > 1:
+    from jax._src import cache_key  # the version string JAX hashes into every entry's key
+    cache_key.jaxlib_version_str = sys.argv[1]
+import jaxphylo
+counts = {"hits": 0, "misses": 0}
+def listen(event, **kwargs):
+    for name in counts:
+        if event == f"/jax/compilation_cache/cache_{name}":
+            counts[name] += 1
+jax.monitoring.register_event_listener(listen)
+value = float(jax.jit(lambda x: (jax.numpy.sin(x) * 3.0).sum())(jax.numpy.arange(5.0)))
+print(json.dumps({"value": value, "folder": jax.config.jax_compilation_cache_dir, **counts}))
+"""
+
+
+def _fresh(env: dict, *argv: str) -> dict:
+    """Run PROGRAM in a fresh process with `env` (and no JAX cache setting unless `env` has one)."""
+    inherited = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", PROGRAM, *argv], capture_output=True, text=True, timeout=300,
+                          env={**inherited, "PYTHONPATH": str(ROOT), **env})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_importing_jaxphylo_caches_programs_and_a_changed_version_misses_rather_than_breaks(tmp_path):
+    folder = tmp_path / "cache"
+    env = {"JAXPHYLO_CACHE_DIR": str(folder)}
+    first = _fresh(env)
+    assert first["folder"] == str(folder) and first["misses"] >= 1 and first["hits"] == 0
+    written = cache_info(folder).entries
+    assert written >= 1  # even a program that compiles in milliseconds is kept
+    again = _fresh(env)
+    assert again["hits"] >= 1 and again["misses"] == 0 and again["value"] == first["value"]
+    upgraded = _fresh(env, "0.0.0-another-version")
+    assert upgraded["hits"] == 0 and upgraded["misses"] >= 1 and upgraded["value"] == first["value"]
+    assert cache_info(folder).entries > written  # kept beside the other version's, not over it
+    # An entry cut short (a disk filled, a process killed mid-write) is compiled again, with a warning at most.
+    for entry in folder.glob("*-cache"):
+        entry.write_bytes(entry.read_bytes()[:20])
+    assert _fresh(env)["value"] == first["value"]
+
+
+def test_off_and_a_cache_configured_in_jax_are_respected(tmp_path):
+    off = _fresh({"JAXPHYLO_CACHE_DIR": "off"})
+    assert off["folder"] is None and off["hits"] == off["misses"] == 0
+    mine = tmp_path / "mine"
+    theirs = _fresh({"JAXPHYLO_CACHE_DIR": str(tmp_path / "jaxphylo"), "JAX_COMPILATION_CACHE_DIR": str(mine)})
+    assert theirs["folder"] == str(mine) and not (tmp_path / "jaxphylo").exists()
+
+
+def test_cache_info_and_clear(monkeypatch, tmp_path, capsys):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    for k in range(3):
+        (folder / f"jit_f-{k}-cache").write_bytes(b"x" * 1000)
+    (folder / "notes.txt").write_text("not ours")
+    monkeypatch.setenv("JAXPHYLO_CACHE_DIR", str(folder))
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert str(folder) in out and "3 compiled programs" in out
+    assert trim_cache(folder, 2500) == 1 and cache_info(folder).entries == 2
+    assert main(["cache", "clear"]) == 0
+    assert "removed 2" in capsys.readouterr().out
+    assert cache_info(folder).entries == 0 and (folder / "notes.txt").exists()
+    monkeypatch.setenv("JAXPHYLO_CACHE_DIR", "off")
+    assert main(["cache", "info"]) == 0 and "off" in capsys.readouterr().out
+    assert clear_cache(tmp_path / "absent") == 0
