@@ -119,17 +119,20 @@ def child(out: Path, argv: list[str]) -> None:
 def commands(data: Path, work: Path, quick: bool) -> dict[str, tuple[list[str], list[str] | None]]:
     """name -> (jaxphylo arguments, the reference program's command or None)."""
     alignment, tree = str(data / "alignment.fasta"), str(data / "tree.nwk")
-    iq = ["iqtree2", "-s", alignment, "-m", "GTR+G4", "-nt", "1", "-seed", "1", "-redo", "-quiet"]
+    # --quick: shorter searches (IQ-TREE's -nstop alike), the same programs: the fixed costs are unchanged.
+    patience = ["3"] if quick else ["100"]
+    iq = ["iqtree2", "-s", alignment, "-m", "GTR+G4", "-nt", "1", "-seed", "1", "-redo", "-quiet", "-nstop", *patience]
+    ml = ["ml", alignment, "-m", "GTR+G4", "--seed", "1", "--patience", *patience]
+    replicates = "4" if quick else "10"
     mb = work / "mb.nex"
     return {
         "loglik": (["loglik", alignment, tree, "-m", "GTR+G4"],
                    ["iqtree2", "-s", alignment, "-te", tree, "-blfix", "-m", "GTR+G4", "-nt", "1", "-redo", "-quiet",
                     "-pre", str(work / "iq-loglik")]),
-        "ml": (["ml", alignment, "-m", "GTR+G4", "--seed", "1", "--out", str(work / "ml")],
-               iq + ["-pre", str(work / "iq-ml")]),
-        "ml -b": (["ml", alignment, "-m", "GTR+G4", "--seed", "1", "-b", "4" if quick else "10", "--out",
-                   str(work / "mlb")], iq + ["-b", "4" if quick else "10", "-pre", str(work / "iq-mlb")]),
-        "ml --alrt": (["ml", alignment, "-m", "GTR+G4", "--seed", "1", "--alrt", "1000", "--out", str(work / "mla")],
+        "ml": (ml + ["--out", str(work / "ml")], iq + ["-pre", str(work / "iq-ml")]),
+        "ml -b": (ml + ["-b", replicates, "--out", str(work / "mlb")],
+                  iq + ["-b", replicates, "-pre", str(work / "iq-mlb")]),
+        "ml --alrt": (ml + ["--alrt", "1000", "--out", str(work / "mla")],
                       iq + ["-alrt", "1000", "-pre", str(work / "iq-mla")]),
         "models": (["models", alignment, "--mset", "HKY,GTR", "--mrate", "E,G", "--quiet", "--out",
                     str(work / "models")],
@@ -189,7 +192,9 @@ def main() -> None:
     parser.add_argument("--commands", default="all", help="comma-separated names from the table (default all)")
     parser.add_argument("--data", default="DS1", help="a folder with alignment.fasta and tree.nwk, or its name in ../shared/data")
     parser.add_argument("--no-cache", action="store_true", help="both runs with JAXPHYLO_CACHE_DIR=off")
-    parser.add_argument("--quick", action="store_true", help="fewer bootstrap replicates")
+    parser.add_argument("--quick", action="store_true",
+                        help="searches stop after 3 unsuccessful perturbations (default: 100, as IQ-TREE), 4 bootstrap "
+                             "replicates (default 10)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "startup"))
     parser.add_argument("rest", nargs="*")
     args = parser.parse_args()
@@ -223,16 +228,22 @@ def main() -> None:
             row["reference_s"] = reference_time(reference, tmp)
             table.append(row)
             print_row(row)
+            path = write(args, table)  # after every command: a long run stopped early keeps what it measured
+    print(f"wrote {path}")
+
+
+def write(args, table: list[dict]) -> Path:
     import jax
 
     device = jax.devices()[0]
     record = {"benchmark": "startup", "device": device.device_kind, "platform": device.platform,
               "jax": jax.__version__, "python": platform.python_version(), "data": args.data,
-              "cache": "off" if args.no_cache else "on", "host": platform.node(), "rows": table}
+              "cache": "off" if args.no_cache else "on", "quick": args.quick, "host": platform.node(),
+              "cpus": os.cpu_count(), "load_average": os.getloadavg(), "rows": table}
     path = Path(f"{args.out}-{device.platform}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
-    print(f"wrote {path}")
+    return path
 
 
 def print_row(row: dict) -> None:

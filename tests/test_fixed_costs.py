@@ -120,3 +120,108 @@ def test_cache_info_and_clear(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("JAXPHYLO_CACHE_DIR", "off")
     assert main(["cache", "info"]) == 0 and "off" in capsys.readouterr().out
     assert clear_cache(tmp_path / "absent") == 0
+
+
+class Programs:
+    """Counts what JAX does while inside: traces (jaxprs built) and compilations (XLA or persistent-cache loads)."""
+
+    def __enter__(self):
+        self.traced, self.compiled = [], []
+        self._listener = self._listen
+        jax.monitoring.register_event_time_span_listener(self._listener)
+        return self
+
+    def _listen(self, event, start, end, fun_name=None, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            self.traced.append(fun_name)
+        elif event == "/jax/core/compile/backend_compile_duration":
+            self.compiled.append(fun_name)
+
+    def __exit__(self, *exc):
+        from jax._src import monitoring  # jax.monitoring has no public way to remove one listener
+
+        monitoring.unregister_event_time_span_listener(self._listener)
+
+
+def _simulated(prefix: str, sites: int, seed: int, missing: float):
+    model = jp.parse_model("GTR+G4{0.7}")
+    tree = jp.random_topology_tree([f"{prefix}{k}" for k in range(10)], seed=seed)
+    return jp.simulate(tree, model, sites, seed=seed, missing=missing), tree, model
+
+
+def test_pattern_buckets_pad_with_columns_that_add_nothing():
+    from jaxphylo.likelihood import bucket_patterns, pattern_bucket, pattern_data
+
+    assert [pattern_bucket(n) for n in (1, 16, 17, 300, 320, 321, 413, 934, 1024, 1025)] == \
+        [16, 16, 20, 320, 320, 384, 448, 1024, 1024, 1280]
+    assert all(n <= pattern_bucket(n) <= max(16, 1.25 * n) for n in range(1, 5000))
+    alignment, tree, model = _simulated("t", 150, 3, 0.1)
+    plain = pattern_data(alignment, tree)
+    padded = bucket_patterns(plain)
+    patterns = alignment.site_patterns().num_patterns
+    assert padded.tip_codes.shape[1] == pattern_bucket(patterns) > patterns
+    assert padded.tip_table.shape[0] == 8 and float(padded.weights[patterns:].sum()) == 0
+    per_pattern = jp.pattern_log_likelihoods(alignment, tree, model)
+    assert per_pattern.shape == (patterns,)  # per-site outputs drop the padding
+    from jaxphylo.likelihood import data_log_likelihood
+
+    # The padding changes nothing: the same value as unpadded data, to rounding in the order of the sum.
+    unpadded = float(data_log_likelihood(plain, tree, model))
+    assert float(jp.log_likelihood(alignment, tree, model)) == pytest.approx(unpadded, rel=1e-13)
+    assert float((alignment.site_patterns().weights * per_pattern).sum()) == pytest.approx(unpadded, rel=1e-13)
+    marginals = jp.ancestral_marginals(alignment, tree, model)
+    assert marginals.shape == (tree.num_tips - 1, alignment.num_sites, 4)
+    first, _ = jp.branch_length_derivatives(alignment, tree, model)
+    numeric = jax.grad(lambda b: data_log_likelihood(plain, tree.with_branch_lengths(b), model))(tree.branch_lengths)
+    assert jax.numpy.allclose(first, numeric, rtol=1e-10, atol=1e-8)
+
+
+def test_a_second_alignment_of_the_same_size_class_compiles_nothing():
+    first, tree_1, model = _simulated("a", 320, 1, 0.05)
+    second, tree_2, _ = _simulated("b", 300, 2, 0.1)  # other taxa, another topology, another pattern count
+    counts = [x.site_patterns().num_patterns for x in (first, second)]
+    from jaxphylo.likelihood import pattern_bucket
+
+    assert counts[0] != counts[1] and pattern_bucket(counts[0]) == pattern_bucket(counts[1])
+    jp.log_likelihood(first, tree_1, model).block_until_ready()
+    with Programs() as programs:
+        value = float(jp.log_likelihood(second, tree_2, model))
+    assert programs.compiled == [] and programs.traced == [] and value < 0
+
+
+def test_a_second_identical_call_traces_nothing(tmp_path, capsys):
+    alignment, tree, model = _simulated("c", 200, 4, 0.0)
+    jp.log_likelihood(alignment, tree, model).block_until_ready()
+    with Programs() as programs:
+        jp.log_likelihood(alignment, tree, model).block_until_ready()
+    assert programs.traced == [] and programs.compiled == []
+    from conftest import write_fasta
+
+    fasta = write_fasta(alignment, tmp_path / "a.fasta")
+    newick = tmp_path / "t.nwk"
+    jp.write_tree(tree, newick)
+    argv = ["loglik", str(fasta), str(newick), "-m", "GTR+G4{0.7}"]
+    assert main(argv) == 0
+    with Programs() as programs:
+        assert main(argv) == 0
+    assert programs.traced == [] and programs.compiled == []
+    printed = capsys.readouterr().out.split()
+    assert printed[0] == printed[1]
+
+
+def test_the_host_schedule_is_the_device_schedule():
+    import numpy as np
+
+    from jaxphylo.tree import binarize, device_schedule, host_schedule, phase_widths
+
+    for n in (5, 12, 27):
+        parents = np.stack([binarize(jp.random_topology_tree([f"t{k}" for k in range(n)], seed=seed).topology)[0]
+                            for seed in range(3)])
+        for max_width in (None, 2):
+            widths = phase_widths(n, max_width)
+            device = jax.device_get(device_schedule(jax.numpy.asarray(parents), widths))
+            for b, parent in enumerate(parents):
+                host = host_schedule(parent, widths)
+                for name in ("children", "layout", "steps", "offsets", "root_row"):
+                    a, d = getattr(host, name), getattr(device, name)[b:b + 1]
+                    assert a.dtype == d.dtype and np.array_equal(a, d), (n, b, max_width, name)
