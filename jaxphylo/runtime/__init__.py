@@ -42,6 +42,7 @@ from ._mesh import (
     place_batch as place_batch,
     replicate as replicate,
     run_mesh as run_mesh,
+    to_device as to_device,
     to_host as to_host,
 )
 from ._memory import (
