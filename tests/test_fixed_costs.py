@@ -13,7 +13,7 @@ import pytest
 import jaxphylo as jp
 from jaxphylo.cli import main
 from jaxphylo.runtime import (
-    DEFAULT_MAX_BYTES, cache_dir, cache_info, clear_cache, default_cache_dir, max_cache_bytes, trim_cache,
+    DEFAULT_MAX_BYTES, cache_dir, cache_info, clear_cache, default_cache_dir, host_tag, max_cache_bytes, trim_cache,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_importing_jaxphylo_caches_programs_and_a_changed_version_misses_rather_
     folder = tmp_path / "cache"
     env = {"JAXPHYLO_CACHE_DIR": str(folder)}
     first = _fresh(env)
-    assert first["folder"] == str(folder) and first["misses"] >= 1 and first["hits"] == 0
+    assert first["folder"] == str(folder / host_tag()) and first["misses"] >= 1 and first["hits"] == 0
     written = cache_info(folder).entries
     assert written >= 1  # even a program that compiles in milliseconds is kept
     again = _fresh(env)
@@ -90,7 +90,7 @@ def test_importing_jaxphylo_caches_programs_and_a_changed_version_misses_rather_
     assert upgraded["hits"] == 0 and upgraded["misses"] >= 1 and upgraded["value"] == first["value"]
     assert cache_info(folder).entries > written  # kept beside the other version's, not over it
     # An entry cut short (a disk filled, a process killed mid-write) is compiled again, with a warning at most.
-    for entry in folder.glob("*-cache"):
+    for entry in folder.glob("*/*-cache"):
         entry.write_bytes(entry.read_bytes()[:20])
     assert _fresh(env)["value"] == first["value"]
 
@@ -106,8 +106,10 @@ def test_off_and_a_cache_configured_in_jax_are_respected(tmp_path):
 def test_cache_info_and_clear(monkeypatch, tmp_path, capsys):
     folder = tmp_path / "cache"
     folder.mkdir()
-    for k in range(3):
-        (folder / f"jit_f-{k}-cache").write_bytes(b"x" * 1000)
+    for k in range(3):  # one entry at the top, two in a processor kind's subfolder
+        where = folder if k == 0 else folder / host_tag()
+        where.mkdir(exist_ok=True)
+        (where / f"jit_f-{k}-cache").write_bytes(b"x" * 1000)
     (folder / "notes.txt").write_text("not ours")
     monkeypatch.setenv("JAXPHYLO_CACHE_DIR", str(folder))
     assert main(["cache", "info"]) == 0

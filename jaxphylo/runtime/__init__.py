@@ -12,6 +12,7 @@ from ._cache import (
     default_cache_dir as default_cache_dir,
     enable_compilation_cache as enable_compilation_cache,
     enabled_cache_dir as enabled_cache_dir,
+    host_tag as host_tag,
     max_cache_bytes as max_cache_bytes,
     trim_cache as trim_cache,
 )

@@ -11,7 +11,9 @@ dozens of small programs, together seconds.
 
 JAX keys every entry by the program, the jaxlib version, the backend and device kind, the XLA flags and the compile
 options, so one folder is safe to share across versions and devices: a changed version misses and compiles again, it
-never loads a program built for another. The folder is kept under a size cap (`JAXPHYLO_CACHE_MAX_SIZE`, default
+never loads a program built for another. JAX's key does not name the host's processor, and XLA compiles CPU programs
+for the instructions of the processor it runs on (a home folder shared by the nodes of a cluster may see several):
+programs go to a subfolder per processor kind (`host_tag()`). The folder is kept under a size cap (`JAXPHYLO_CACHE_MAX_SIZE`, default
 `DEFAULT_MAX_BYTES`; e.g. `500M`, `4G`): when a process that wrote entries exits, the least recently used entries
 are removed until the folder fits. (JAX's own cap, `jax_compilation_cache_max_size`, needs the `filelock` package
 and a lock on every read; this one costs nothing while running.)
@@ -74,6 +76,22 @@ def max_cache_bytes() -> int:
         raise InputError(f"{SIZE_ENVIRONMENT}={os.environ[SIZE_ENVIRONMENT]!r}: expected a size such as 2G or 500M")
 
 
+def host_tag() -> str:
+    """The processor kind this process compiles for: the machine type and a digest of the CPU's model and
+    instruction-set flags (Linux: /proc/cpuinfo), e.g. `x86_64-3f2a9c1b7d20`."""
+    import hashlib
+    import platform
+
+    described = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            described += "".join(line for line in cpuinfo if line.startswith(("model name", "flags", "Features"))
+                                 and line not in described)
+    except OSError:
+        pass
+    return f"{platform.machine()}-{hashlib.sha256(described.encode()).hexdigest()[:12]}"
+
+
 def _configured_by_user() -> bool:
     import jax
 
@@ -94,6 +112,7 @@ def enable_compilation_cache() -> Path | None:
     folder = cache_dir()
     if folder is None or _configured_by_user():
         return None
+    folder = folder / host_tag()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:  # a read-only home: run without a cache rather than fail
@@ -122,7 +141,7 @@ def _note_write(event: str, **kwargs) -> None:
 def _trim_after_writes() -> None:
     if _wrote and _enabled is not None:
         try:
-            trim_cache(_enabled, max_cache_bytes())
+            trim_cache(_enabled.parent, max_cache_bytes())  # the cap is on the folder, every processor kind's
         except (OSError, InputError):  # never fail a finished run over its cache
             pass
 
@@ -135,14 +154,26 @@ class CacheInfo:
 
 
 def _entries(folder: Path) -> list[os.DirEntry]:
+    """JAX's entries in `folder` and in its subfolders one level down (one per processor kind)."""
     if not folder.is_dir():
         return []
+    found = []
+    with os.scandir(folder) as listing:
+        for entry in listing:
+            if entry.name.endswith(ENTRY_SUFFIX) and entry.is_file():
+                found.append(entry)
+            elif entry.is_dir() and entry.name != AUTOTUNE:
+                found += _entries_here(Path(entry.path))
+    return found
+
+
+def _entries_here(folder: Path) -> list[os.DirEntry]:
     with os.scandir(folder) as listing:
         return [entry for entry in listing if entry.name.endswith(ENTRY_SUFFIX) and entry.is_file()]
 
 
 def cache_info(folder: Path) -> CacheInfo:
-    """How many compiled programs `folder` holds, and their size on disk."""
+    """How many compiled programs `folder` holds (its processor kinds' subfolders included), and their size."""
     entries = _entries(folder)
     return CacheInfo(folder, len(entries), sum(entry.stat().st_size for entry in entries))
 
@@ -176,5 +207,6 @@ def clear_cache(folder: Path) -> int:
     entries = _entries(folder)
     for entry in entries:
         _remove_entry(Path(entry.path))
-    shutil.rmtree(folder / AUTOTUNE, ignore_errors=True)
+    for autotune in [folder / AUTOTUNE, *folder.glob(f"*/{AUTOTUNE}")]:
+        shutil.rmtree(autotune, ignore_errors=True)
     return len(entries)
