@@ -223,7 +223,7 @@ def main() -> None:
                     shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
                 for folder in ("sample", "mcmc", "free"):
                     shutil.rmtree(tmp / folder, ignore_errors=True)
-                row[state] = run_child(argv, env, tmp / f"{name.replace(' ', '_')}-{state}.json")
+                row[state] = run_child(argv, env, tmp / f"record-{len(table)}-{state}.json")
             row["reference"] = reference and reference[0]
             row["reference_s"] = reference_time(reference, tmp)
             table.append(row)
