@@ -154,7 +154,7 @@ def mrbayes_script(data: Path, work: Path, generations: int) -> None:
 
     records = list(SeqIO.parse(str(data / "alignment.fasta"), "fasta"))
     width = len(records[0].seq)
-    rows = "\n".join(f"  '{r.id}' {str(r.seq).upper()}" for r in records)
+    rows = "\n".join(f"  {r.id} {str(r.seq).upper()}" for r in records)  # MrBayes reads no quoted names
     (work / "mb.nex").write_text(
         f"#NEXUS\nbegin data;\n dimensions ntax={len(records)} nchar={width};\n format datatype=dna gap=- missing=?;\n"
         f" matrix\n{rows}\n ;\nend;\nbegin mrbayes;\n set autoclose=yes nowarn=yes seed=1 swapseed=1;\n"
@@ -179,7 +179,10 @@ def reference_time(command: list[str] | None, cwd: Path) -> float | None:
     if command is None or shutil.which(command[0]) is None:
         return None
     begin = time.time()
-    subprocess.run(command, cwd=cwd, check=True, capture_output=True)
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    if done.returncode != 0:  # the reference is beside the point: say so, keep the row
+        print(f"{command[0]} failed: {(done.stdout + done.stderr)[-500:]}", file=sys.stderr)
+        return None
     return time.time() - begin
 
 
