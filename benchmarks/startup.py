@@ -204,6 +204,7 @@ def main() -> None:
     if args.child:
         return child(Path(args.child), args.rest)
 
+    os.environ.setdefault("JAXPHYLO_CACHE_DIR", "off")  # this process compiles nothing: it leaves no folder behind
     from _common import SHARED_DATA
 
     data = Path(args.data) if Path(args.data).is_dir() else SHARED_DATA / args.data

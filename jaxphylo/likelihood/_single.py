@@ -4,7 +4,6 @@ functions for a `PartitionedModel`)."""
 from __future__ import annotations
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
