@@ -2,11 +2,21 @@
 
 Importing jaxphylo switches JAX to 64-bit floats (`jax_enable_x64`): phylogenetic
 likelihoods need them by default. float32 stays available per call.
+
+It also turns on JAX's persistent compilation cache in the user's cache folder
+(`jaxphylo.runtime.enable_compilation_cache`), so that a program compiled once on
+this machine is loaded by every later run, script, notebook or command alike:
+`JAXPHYLO_CACHE_DIR=PATH` moves it, `JAXPHYLO_CACHE_DIR=off` turns it off, and a
+cache configured in JAX itself is left as it is.
 """
 
 import jax
 
 jax.config.update("jax_enable_x64", True)
+
+from .runtime import enable_compilation_cache  # noqa: E402
+
+enable_compilation_cache()
 
 from .data import Alignment, Alphabet, DNA, PROTEIN, SitePatterns, codon_alphabet, distances  # noqa: E402
 from ._examples import example_paths  # noqa: E402

@@ -9,7 +9,29 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jaxphylo as jp
+
+def _compilation_cache_dir() -> Path:
+    """A persistent XLA cache for this test run and this xdist worker (no two processes write it at once)."""
+    import tempfile
+
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    return Path(tempfile.gettempdir()) / f"jaxphylo-tests-xla-cache-{run[:12]}-{worker}"
+
+
+# Most of the suite's time is XLA compiling (single-threaded); many tests compile the very same programs again:
+# a CLI run in a subprocess after the same search in-process, a run resumed after SIGTERM, a jitted function
+# traced twice with arguments differing only in weak types. Executables compiled from the same HLO are taken from
+# jaxphylo's persistent cache, here in a folder of this run's own (never the user's cache folder), for this process
+# and (through the environment) the subprocesses it starts; results are the same as recompiling. Set before
+# jaxphylo is imported, which turns the cache on. JAXPHYLO_TEST_XLA_CACHE=0 turns it off; a cache the caller
+# configured in JAX (JAX_COMPILATION_CACHE_DIR) is kept, and then jaxphylo leaves it alone.
+if os.environ.get("JAXPHYLO_TEST_XLA_CACHE", "1") == "0":
+    os.environ["JAXPHYLO_CACHE_DIR"] = "off"
+else:
+    os.environ["JAXPHYLO_CACHE_DIR"] = str(_compilation_cache_dir())
+
+import jaxphylo as jp  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -97,31 +119,8 @@ LONGEST_FIRST = ("test_sharding.py", "test_mc3.py", "test_ml.py", "test_partitio
                  "test_notebooks.py", "test_sampling.py")
 
 
-def _compilation_cache_dir() -> Path:
-    """A persistent XLA cache for this test run and this xdist worker (no two processes write it at once)."""
-    import tempfile
-
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    return Path(tempfile.gettempdir()) / f"jaxphylo-tests-xla-cache-{run[:12]}-{worker}"
-
-
-# Most of the suite's time is XLA compiling (single-threaded); many tests compile the very same programs again:
-# a CLI run in a subprocess after the same search in-process, a run resumed after SIGTERM, a jitted function
-# traced twice with arguments differing only in weak types. Executables compiled from the same HLO are taken from
-# a persistent cache, for this process and (through the environment) the subprocesses it starts; results are the
-# same as recompiling. JAXPHYLO_TEST_XLA_CACHE=0 turns it off; one set by the caller (JAX_COMPILATION_CACHE_DIR)
-# is kept.
-if os.environ.get("JAXPHYLO_TEST_XLA_CACHE", "1") != "0":
-    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-        _cache = _compilation_cache_dir()
-        _cache.mkdir(parents=True, exist_ok=True)
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = str(_cache)
-    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-
-
 def pytest_sessionfinish(session):
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR") == str(_compilation_cache_dir()):
+    if os.environ.get("JAXPHYLO_CACHE_DIR") == str(_compilation_cache_dir()):
         shutil.rmtree(_compilation_cache_dir(), ignore_errors=True)
 
 

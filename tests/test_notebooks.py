@@ -16,6 +16,7 @@ def test_notebook_executes(path, monkeypatch):
     # A kernel compiles nothing another process did: the tests' compilation cache (conftest) would only add the
     # cost of writing its entries (20 s for 03_dated_phylodynamics).
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("JAXPHYLO_CACHE_DIR", "off")
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()

@@ -76,7 +76,7 @@ def cli(*args, **kwargs):
 def uncached() -> dict:
     """The environment without the tests' compilation cache (conftest): loading and writing its entries
     adds to a process's peak memory, which the dry-run test compares with an estimate."""
-    return {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    return {**{k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}, "JAXPHYLO_CACHE_DIR": "off"}
 
 
 SAMPLE_ARGS = ["sample", "--example", "--chains", "2", "--warmup", "60", "--samples", "20", "--block", "10",

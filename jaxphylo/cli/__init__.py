@@ -14,7 +14,7 @@ from contextlib import nullcontext
 
 from .._errors import JaxphyloError
 from ..runtime import EXIT_INTERRUPTED, NEVER, Interrupted, StopRequests, parse_duration
-from . import _coevolution, _distance, _env, _loglik, _mcmc, _ml, _models, _nj, _sample, _vi
+from . import _cache, _coevolution, _distance, _env, _loglik, _mcmc, _ml, _models, _nj, _sample, _vi
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one of several processes (jax.distributed: Slurm, Open MPI, or JAXPHYLO_COORDINATOR, "
                              "JAXPHYLO_NUM_PROCESSES, JAXPHYLO_PROCESS_ID); process 0 writes the outputs")
     commands = parser.add_subparsers(dest="command", required=True)
-    for command in (_loglik, _sample, _ml, _distance, _nj, _coevolution, _models, _mcmc, _vi, _env):
+    for command in (_loglik, _sample, _ml, _distance, _nj, _coevolution, _models, _mcmc, _vi, _env, _cache):
         command.add_command(commands)
     return parser
 

@@ -6,10 +6,10 @@ import math
 import os
 
 import dendropy
-import jax.numpy as jnp
 import numpy as np
 
 from .._errors import InputError
+from ..runtime import to_device
 from ..tree import Topology, Tree
 from ._alignment_files import read_text
 
@@ -82,7 +82,7 @@ def from_dendropy(dtree, source, default_branch_length) -> Tree:
         labels=tuple(None if n.is_leaf() else n.label for n in order),
         annotations=tuple(tuple((a.name, str(a.value)) for a in n.annotations) for n in order),
     )
-    return Tree(jnp.asarray(lengths), topology)
+    return Tree(to_device(lengths), topology)
 
 
 def _first_tip(node):

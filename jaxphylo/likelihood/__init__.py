@@ -30,11 +30,13 @@ from ._arrays import (
     STEP_BYTES as STEP_BYTES,
     PatternData as PatternData,
     batch_layout_lengths as batch_layout_lengths,
+    bucket_patterns as bucket_patterns,
     check_inputs as check_inputs,
     check_options as check_options,
     kernel_arrays as kernel_arrays,
     layout_lengths as layout_lengths,
     model_arrays as model_arrays,
+    pattern_bucket as pattern_bucket,
     pattern_data as pattern_data,
 )
 from ._batch import (

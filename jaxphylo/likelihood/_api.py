@@ -8,6 +8,7 @@ Each dispatches once on the model's kind (`_implementation`): a `Model` runs thr
 from __future__ import annotations
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -55,10 +56,14 @@ def node_bytes(model: Model, data: PatternData, dtype) -> int:
 
 
 def prepare(alignment: Alignment, tree: Tree, model: Model, precision: str, method: str = "preorder"):
-    """Validate the inputs, then `(pattern data, schedule, branch index, dtype)`."""
+    """Validate the inputs, then `(pattern data, schedule, branch index, dtype)`.
+
+    The pattern data are padded to a size class (`bucket_patterns`: zero-weight,
+    all-missing columns after `alignment.site_patterns()`'s), so that the next
+    alignment of similar size and the same number of taxa runs the same programs."""
     check_inputs(alignment, tree, model)
     check_options(precision, method)
-    data, dtype = pattern_data(alignment, tree), PRECISIONS[precision]
+    data, dtype = pattern_data(alignment, tree, bucket=True), PRECISIONS[precision]
     return data, schedule_for(tree, model, data, dtype), branch_index(tree.topology), dtype
 
 
@@ -87,12 +92,24 @@ def pattern_log_likelihoods(
     JAX differentiate the post-order pass itself, storing every level (for
     comparison: slower, and far hungrier for memory).
     """
+    per_pattern, _ = _bucketed_pattern_log_likelihoods(alignment, tree, model, precision, method)
+    return per_pattern[..., :alignment.site_patterns().num_patterns]
+
+
+def _bucketed_pattern_log_likelihoods(alignment, tree, model, precision, method):
+    """`(log L_c, w_c)` over the patterns padded to their size class (the padding: `log L_c = 0`, `w_c = 0`)."""
     if isinstance(tree, TreeBatch):
         return _batch_pattern_log_likelihoods_checked(alignment, tree, model, precision, method)
     data, schedule, index, dtype = prepare(alignment, tree, model, precision, method)
     autodiff = method == "autodiff"
     return schedule_pattern_log_likelihoods(model, tree.branch_lengths, data, schedule, index, dtype,
-                                    exact_steps(schedule) if autodiff else None, autodiff)
+                                            exact_steps(schedule) if autodiff else None, autodiff), data.weights
+
+
+@jax.jit
+def _weighted_sum(per_pattern, weights):
+    """`sum_c w_c log L_c` in one program per size class (the eager product would compile one per pattern count)."""
+    return jnp.sum(weights * per_pattern, axis=-1)
 
 
 def log_likelihood(
@@ -107,8 +124,8 @@ def log_likelihood(
         if method != "preorder":
             raise ModelError("a partitioned model is differentiated by the pre-order pass only (method='preorder')")
         return _partitioned.partitioned_log_likelihood(alignment, tree, model, precision=precision)
-    per_pattern = pattern_log_likelihoods(alignment, tree, model, precision=precision, method=method)
-    return jnp.sum(alignment.site_patterns().weights * per_pattern, axis=-1)
+    per_pattern, weights = _bucketed_pattern_log_likelihoods(alignment, tree, model, precision, method)
+    return _weighted_sum(per_pattern, weights)
 
 
 def _batch_pattern_log_likelihoods_checked(alignment, trees: TreeBatch, model, precision, method):
@@ -116,8 +133,8 @@ def _batch_pattern_log_likelihoods_checked(alignment, trees: TreeBatch, model, p
         raise ModelError("a batch of trees is differentiated by the pre-order pass only (method='preorder')")
     check_options(precision, method)
     check_inputs(alignment, trees, model)
-    return batch_data_log_likelihoods(pattern_data(alignment, trees), trees, model, precision=precision,
-                                      per_pattern=True)
+    data = pattern_data(alignment, trees, bucket=True)
+    return batch_data_log_likelihoods(data, trees, model, precision=precision, per_pattern=True), data.weights
 
 
 def batch_data_log_likelihoods(data: PatternData, trees: TreeBatch, model: Model, *, precision: str = "float64",

@@ -17,6 +17,7 @@ from ..tree import Schedule, Tree, TreeBatch
 PRECISIONS = {"float64": jnp.float64, "float32": jnp.float32}
 METHODS = ("preorder", "autodiff")
 STEP_BYTES = 1 << 28  # cap on one `[width, C, P, S]` temporary of a level step
+MIN_BUCKET = 16  # the fewest pattern columns `bucket_patterns` lays out
 
 
 class PatternData(eqx.Module):
@@ -32,11 +33,13 @@ class PatternData(eqx.Module):
     ndim = property(lambda self: 0)
 
 
-def pattern_data(alignment: Alignment, tree: Tree, compress: bool = True) -> PatternData:
+def pattern_data(alignment: Alignment, tree: Tree, compress: bool = True, bucket: bool = False) -> PatternData:
     """Match the alignment's taxa to the tree's tips and lay out the site patterns.
 
     `compress=False` keeps one pattern per site, so that every alignment of a
     given size has arrays of the same shape (one compiled program for all).
+    `bucket=True` pads the patterns and the tip table to a few sizes
+    (`bucket_patterns`), so that alignments of a size class share programs.
     """
     check_taxa(alignment, tree)
     if compress:
@@ -49,7 +52,37 @@ def pattern_data(alignment: Alignment, tree: Tree, compress: bool = True) -> Pat
     order = np.array([row[t] for t in tree.taxa])
     codes = np.vstack([codes[order], np.full((1, codes.shape[1]), table.shape[0])])
     table = np.vstack([table, np.ones((1, table.shape[1]))])
-    return PatternData(codes.astype(np.int32), table, weights)
+    data = PatternData(codes.astype(np.int32), table, weights)
+    return bucket_patterns(data) if bucket else data
+
+
+def pattern_bucket(count: int) -> int:
+    """`count` rounded up to the next size of the form `m 2^k`, `m` in 5..8 (four sizes per doubling, at least
+    `MIN_BUCKET`): at most 25% more columns (12% on average), and one compiled program for every alignment
+    in the class."""
+    if count <= MIN_BUCKET:
+        return MIN_BUCKET
+    step = 1 << ((count - 1).bit_length() - 3)
+    return -(-count // step) * step
+
+
+def bucket_patterns(data: PatternData) -> PatternData:
+    """`data` padded to `pattern_bucket` columns and a power-of-two number of tip-table rows.
+
+    A padded column is all-missing at every tip (its likelihood is exactly 1, so
+    `log L_c = 0`: finite, as every derivative) and has weight 0: it adds exactly
+    nothing to `sum_c w_c log L_c` or to any derivative. Padded table rows are
+    never indexed. Per-pattern outputs are cut back to the first
+    `alignment.site_patterns().num_patterns` columns by their callers.
+    """
+    codes, table = np.asarray(data.tip_codes), np.asarray(data.tip_table)
+    patterns, rows = codes.shape[1], table.shape[0]  # table's last row is the all-missing one
+    width, height = pattern_bucket(patterns), max(8, 1 << (rows - 1).bit_length())
+    missing = height - 1
+    codes = np.where(codes == rows - 1, missing, codes)
+    codes = np.pad(codes, ((0, 0), (0, width - patterns)), constant_values=missing)
+    table = np.concatenate([table[:-1], np.zeros((height - rows, table.shape[1])), table[-1:]])
+    return PatternData(codes.astype(np.int32), table, np.pad(np.asarray(data.weights), (0, width - patterns)))
 
 
 def check_taxa(alignment: Alignment, tree: Tree) -> None:

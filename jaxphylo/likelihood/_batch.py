@@ -16,10 +16,11 @@ from ._arrays import pattern_data
 from ._partitioned import partitioned_data
 
 
-def search_data(alignment: Alignment, trees: TreeBatch, model):
-    """Pattern data laid out for the batch's tips; a partitioned model's parts side by side."""
+def search_data(alignment: Alignment, trees: TreeBatch, model, bucket: bool = False):
+    """Pattern data laid out for the batch's tips; a partitioned model's parts side by side. `bucket` pads one
+    model's patterns to their size class (`bucket_patterns`: zero-weight columns after the alignment's)."""
     if not isinstance(model, PartitionedModel):
-        return pattern_data(alignment, trees)
+        return pattern_data(alignment, trees, bucket=bucket)
     return partitioned_data(alignment, trees, model)
 
 

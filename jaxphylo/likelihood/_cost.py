@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models import PartitionedModel
+from ..models import PartitionedModel, category_count
 from ..runtime import ResourceError, device_free_memory, gib, peak_resident_bytes, reset_peak_resident, resident_bytes
 from ..tree import Tree, TreeBatch
 from .kernels import cpu_wanted
@@ -106,7 +106,7 @@ def evaluation_cost(data, tree: Tree, model, precision: str = "float64", batch: 
                       jnp.broadcast_to(one.branch_lengths, (batch,) + one.branch_lengths.shape[1:]), one.taxa)
     dtype = jnp.dtype(PRECISIONS[precision])
     nodes, patterns, states = trees.parents.shape[1], data.tip_codes.shape[1], data.tip_table.shape[1]
-    categories = jax.eval_shape(model.rate_categories)[1].shape[0]
+    categories = category_count(model)
     params, static = eqx.partition(model, eqx.is_array)
 
     def run(lengths, params, parents, data):
@@ -133,7 +133,7 @@ def evaluation_cost(data, tree: Tree, model, precision: str = "float64", batch: 
 
 def rough_bytes(data, tree: Tree, model, precision: str, batch: int) -> int:
     """A quick upper bound before compiling anything: three partials buffers per tree, plus the tip data."""
-    categories = jax.eval_shape(model.rate_categories)[1].shape[0]
+    categories = category_count(model)
     itemsize = 8 if precision == "float64" else 4
     partials = (2 * tree.num_tips) * categories * data.tip_codes.shape[1] * data.tip_table.shape[1] * itemsize
     return 3 * batch * partials + data.tip_codes.size * 4
@@ -145,7 +145,7 @@ def _single_model_view(data, model):
 
     if not isinstance(model, PartitionedModel):
         return data, model
-    size = lambda m: m.frequencies.shape[-1] * jax.eval_shape(m.rate_categories)[1].shape[0]
+    size = lambda m: m.frequencies.shape[-1] * category_count(m)
     widest = max(model.models, key=size)
     group = next(g for g in data.groups if model.models[g.parts[0]].frequencies.shape[-1] == widest.frequencies.shape[-1])
     patterns = int(data.weights.shape[0])

@@ -16,7 +16,7 @@ from jaxtyping import Array, Float, Int
 
 from ..data import Alignment
 from .._errors import InputError, ModelError
-from ..models import Model, PartitionedModel, part_alignments
+from ..models import Model, PartitionedModel, category_count, part_alignments
 from ..tree import Tree, branch_index, build_schedule
 from . import _single, kernels
 from ._arrays import (
@@ -83,7 +83,7 @@ def grouped_data(layouts: list, model: PartitionedModel) -> PartitionedData:
     xp = np if all(isinstance(x, np.ndarray) for layout in layouts for x in jax.tree.leaves(layout)) else jnp
     keys: dict[tuple[int, int], list[int]] = {}
     for k, (m, layout) in enumerate(zip(model.models, layouts)):
-        categories = jax.eval_shape(m.rate_categories)[1].shape[0]
+        categories = category_count(m)
         keys.setdefault((layout.tip_table.shape[1], categories), []).append(k)
     groups = []
     for members in keys.values():
@@ -181,7 +181,7 @@ def partitioned_data_log_likelihoods(data: PartitionedData, tree, model: Partiti
         raise ModelError("a partitioned model takes one Tree (per-part lengths live in the model for -Q)")
     dtype = PRECISIONS[precision]
     widest = max(g.tip_codes.shape[0] * g.tip_codes.shape[2] * g.tip_table.shape[2] *
-                 jax.eval_shape(model.models[g.parts[0]].rate_categories)[1].shape[0] for g in data.groups)
+                 category_count(model.models[g.parts[0]]) for g in data.groups)
     schedule = build_schedule(tree.topology, max(1, STEP_BYTES // (widest * jnp.dtype(dtype).itemsize)))
     # Static step counts give the JAX kernel's level loops trip counts XLA knows; the C++ CPU kernel
     # ignores them, and leaving them out there lets every topology of a size share one program.

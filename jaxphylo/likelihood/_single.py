@@ -4,12 +4,11 @@ functions for a `PartitionedModel`)."""
 from __future__ import annotations
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .._errors import InputError
-from ..models import Model
+from ..models import Model, category_count
 from ..tree import Schedule, Tree, branch_index, build_schedule, trim_slots
 from . import kernels
 from ._arrays import PRECISIONS, STEP_BYTES, PatternData, batch_layout_lengths, kernel_arrays, layout_lengths, model_arrays
@@ -32,8 +31,7 @@ def batch_pattern_log_likelihoods(model: Model, schedule: Schedule, branch_lengt
 
 def node_bytes(model: Model, data: PatternData, dtype) -> int:
     """Bytes of one node's `[C, P, S]` partials."""
-    _, weights = jax.eval_shape(model.rate_categories)
-    return weights.shape[0] * data.tip_codes.shape[-1] * data.tip_table.shape[-1] * jnp.dtype(dtype).itemsize
+    return category_count(model) * data.tip_codes.shape[-1] * data.tip_table.shape[-1] * jnp.dtype(dtype).itemsize
 
 
 def max_step_width(model: Model, data: PatternData, dtype, batch: int = 1) -> int:
@@ -43,7 +41,7 @@ def max_step_width(model: Model, data: PatternData, dtype, batch: int = 1) -> in
 
 def data_log_likelihood(data: PatternData, tree: Tree, model: Model, precision: str) -> Float[Array, ""]:
     """One tree's `log L` with the topology's step counts static (see `_api.data_log_likelihood`)."""
-    states = jax.eval_shape(lambda: model.frequencies).shape[-1]
+    states = model.alphabet.num_states
     if data.tip_codes.shape[0] != tree.num_tips + 1 or data.tip_table.shape[-1] != states:
         raise InputError(f"pattern data for {data.tip_codes.shape[0] - 1} tips and {data.tip_table.shape[-1]} states "
                          f"do not fit a tree of {tree.num_tips} tips and a model of {states} states")

@@ -4,7 +4,7 @@ from ._amino_acid import EMPIRICAL_MODELS, EmpiricalAminoAcid, empirical_matrix
 from ._base import SubstitutionModel, transition_matrices
 from ._codon import GY94
 from ._frequencies import codon_frequencies, empirical_frequencies
-from ._model import Model
+from ._model import Model, category_count
 from ._nucleotide import F81, GTR, HKY85, JC69, K80, NAMED_DNA_MODELS, TN93, ConstrainedGTR, rate_classes
 from ._parse import canonical_name, estimated_parameters, model_string, parse_model
 from ._partitioned import (
@@ -21,7 +21,7 @@ from ._rates import (
 )
 
 __all__ = [
-    "Model", "SubstitutionModel", "transition_matrices", "parse_model", "canonical_name", "model_string", "estimated_parameters",
+    "Model", "category_count", "SubstitutionModel", "transition_matrices", "parse_model", "canonical_name", "model_string", "estimated_parameters",
     "JC69", "K80", "F81", "HKY85", "TN93", "GTR", "ConstrainedGTR", "NAMED_DNA_MODELS", "rate_classes",
     "EmpiricalAminoAcid", "EMPIRICAL_MODELS", "GY94",
     "RateVariation", "UniformRates", "DiscreteGamma", "FreeRates", "InvariantSites",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import equinox as eqx
+import jax
 from jaxtyping import Array, Float
 
 from ._base import SubstitutionModel, transition_matrices
@@ -31,3 +32,18 @@ class Model(eqx.Module):
     ) -> Float[Array, "branches categories states states"]:
         rates, _ = self.rate_categories()
         return transition_matrices(self.substitution, branch_lengths, rates)
+
+
+_CATEGORY_COUNTS: dict = {}
+
+
+def category_count(model: Model) -> int:
+    """How many rate categories `model.rate_categories()` gives (a property of the model's structure alone).
+
+    Found once per structure by tracing `rate_categories` abstractly, then looked up: the likelihood asks on
+    every call, and a trace per call showed as new tracing in every call after the first."""
+    leaves, structure = jax.tree_util.tree_flatten(model)
+    key = (structure, tuple((getattr(x, "shape", None), str(getattr(x, "dtype", type(x)))) for x in leaves))
+    if key not in _CATEGORY_COUNTS:
+        _CATEGORY_COUNTS[key] = jax.eval_shape(model.rate_categories)[1].shape[0]
+    return _CATEGORY_COUNTS[key]

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float
 
 from ..data import Alphabet, DNA
+from ..runtime import to_device
 from ._base import SubstitutionModel
 
 _PAIRS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))  # AC AG AT CG CT GT
 
 
 def _symmetric(six: Float[Array, " 6"]) -> Float[Array, "4 4"]:
-    rows = jnp.array([i for i, _ in _PAIRS])
-    cols = jnp.array([j for _, j in _PAIRS])
+    rows = np.array([i for i, _ in _PAIRS])
+    cols = np.array([j for _, j in _PAIRS])
     r = jnp.zeros((4, 4), six.dtype).at[rows, cols].set(six)
     return r + r.T
 
@@ -59,7 +61,7 @@ def rate_classes(code: str) -> tuple[int, ...]:
 
 
 def _equal_frequencies():
-    return jnp.full(4, 0.25)
+    return to_device(np.full(4, 0.25))
 
 
 class GTR(SubstitutionModel):
@@ -102,8 +104,8 @@ class K80(HKY85):
     """Kimura (1980): HKY85 with equal frequencies."""
 
     def __init__(self, kappa, frequencies=None):
-        self.kappa = jnp.asarray(kappa, float)
-        self.frequencies = _equal_frequencies() if frequencies is None else jnp.asarray(frequencies)
+        self.kappa = to_device(kappa, float)
+        self.frequencies = _equal_frequencies() if frequencies is None else to_device(frequencies)
 
 
 class F81(SubstitutionModel):
@@ -120,7 +122,7 @@ class JC69(F81):
     """Jukes & Cantor (1969): F81 with equal frequencies."""
 
     def __init__(self, frequencies=None):
-        self.frequencies = _equal_frequencies() if frequencies is None else jnp.asarray(frequencies)
+        self.frequencies = _equal_frequencies() if frequencies is None else to_device(frequencies)
 
 
 class ConstrainedGTR(SubstitutionModel):
@@ -149,14 +151,14 @@ class ConstrainedGTR(SubstitutionModel):
         self.name = name
         self.classes = rate_classes(code)
         k = max(self.classes) + 1
-        self.class_rates = jnp.ones(k) if class_rates is None else jnp.asarray(class_rates, float)
+        self.class_rates = to_device(np.ones(k) if class_rates is None else class_rates, float)
         if self.class_rates.shape != (k,):
             raise ValueError(f"{name} has {k} rate classes, got rates of shape {self.class_rates.shape}")
-        self.frequencies = _equal_frequencies() if frequencies is None else jnp.asarray(frequencies)
+        self.frequencies = _equal_frequencies() if frequencies is None else to_device(frequencies)
 
     def six_rates(self) -> Float[Array, " 6"]:
         """The exchangeabilities of AC, AG, AT, CG, CT, GT."""
-        return self.class_rates[jnp.asarray(self.classes)]
+        return self.class_rates[np.asarray(self.classes)]
 
     def exchangeabilities(self):
         return _symmetric(self.six_rates())

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import re
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
 from ..data import Alignment, DNA, PROTEIN, codon_alphabet
 from .._errors import ModelError
+from ..runtime import to_device
 from ._amino_acid import EMPIRICAL_MODELS, EmpiricalAminoAcid, empirical_matrix
 from ._codon import GY94
 from ._frequencies import codon_frequencies, empirical_frequencies
@@ -227,7 +228,7 @@ def _positional(values, count, names, term, string):
 def _positive(name, value, string, allow_zero=False):
     if not np.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ModelError(f"model {string!r}: {name} must be positive, got {value}")
-    return jnp.asarray(value, float)
+    return to_device(value, float)
 
 
 def _substitution(key, values, pi, alphabet, string):
@@ -257,18 +258,18 @@ def _rate_class_model(key, values, pi, string):
     if key in ("JC69", "F81"):
         return _CLASSES[key](pi)
     if key in ("K80", "HKY85"):
-        return _CLASSES[key](jnp.asarray(v[0] / v[1] if v else 2.0), pi)
+        return _CLASSES[key](to_device(v[0] / v[1] if v else 2.0, float), pi)
     if key in ("TN93", "TNe"):
         purine, pyrimidine = (v[0] / v[2], v[1] / v[2]) if v else (2.0, 2.0)
-        return TN93(jnp.asarray(purine), jnp.asarray(pyrimidine), pi)
+        return TN93(to_device(purine, float), to_device(pyrimidine, float), pi)
     if key in ("GTR", "SYM"):
-        return GTR(jnp.asarray(v) if v else jnp.ones(6), pi)
-    return ConstrainedGTR(key, jnp.asarray(v) if v else None, pi)
+        return GTR(to_device(v if v else np.ones(6), float), pi)
+    return ConstrainedGTR(key, to_device(v, float) if v else None, pi)
 
 
 def _frequencies(key, alphabet, term, alignment, string):
     n = alphabet.num_states
-    equal = jnp.full(n, 1.0 / n)
+    equal = to_device(np.full(n, 1.0 / n))
     if term is None:
         if key in EMPIRICAL_MODELS:
             return None
@@ -291,7 +292,7 @@ def _frequencies(key, alphabet, term, alignment, string):
             raise ModelError(f"model {string!r}: +F needs {n} frequencies, got {len(pi)}")
         if (pi < 0).any() or not np.isfinite(pi).all() or abs(pi.sum() - 1) > 1e-3:
             raise ModelError(f"model {string!r}: frequencies must be >= 0 and sum to 1 (sum {pi.sum():g})")
-        return jnp.asarray(pi / pi.sum())
+        return to_device(pi / pi.sum())
     if _equal_by_definition(key) or name == "FQ":  # IQ-TREE 2 keeps these models' equal frequencies whatever the term
         return equal
     if name == "FU":  # the model's own: a protein matrix's; nucleotide models have none but equal ones
@@ -307,8 +308,8 @@ def _frequencies(key, alphabet, term, alignment, string):
         raise ModelError(f"model {string!r}: empirical frequencies (+{name}) need the alignment: "
                          "parse_model(string, alignment=...)")
     if key == "GY94":
-        return jnp.asarray(codon_frequencies(alignment, {"F": "F61", "F1X4": "F1X4", "F3X4": "F3X4"}[name]))
-    return jnp.asarray(empirical_frequencies(alignment))
+        return to_device(codon_frequencies(alignment, {"F": "F61", "F1X4": "F1X4", "F3X4": "F3X4"}[name]))
+    return to_device(empirical_frequencies(alignment))
 
 
 def _rate_variation(terms, string):
@@ -321,7 +322,7 @@ def _rate_variation(terms, string):
             p = listed[0] if listed else 0.1
             if len(listed) > 1 or not 0 <= p < 1:
                 raise ModelError(f"model {string!r}: +I takes one proportion in [0, 1), got {listed}")
-            invariant = jnp.asarray(p, float)
+            invariant = to_device(p, float)
             continue
         if not isinstance(rates, UniformRates):
             raise ModelError(f"model {string!r}: only one of +G and +R may be given")
@@ -338,7 +339,7 @@ def _rate_variation(terms, string):
             pairs = np.reshape(listed, (k, 2)) if listed else np.column_stack([np.full(k, 1 / k), np.arange(1, k + 1)])
             if (pairs <= 0).any():
                 raise ModelError(f"model {string!r}: +R weights and rates must be positive")
-            rates = FreeRates(jnp.asarray(pairs[:, 0]), jnp.asarray(pairs[:, 1]))
+            rates = FreeRates(to_device(pairs[:, 0], float), to_device(pairs[:, 1], float))
     return rates if invariant is None else InvariantSites(invariant, rates)
 
 
@@ -351,8 +352,10 @@ def model_string(model: Model) -> str:
     with their own frequencies write no frequency term; an equal-frequency
     model given other frequencies is written as its free-frequency counterpart.
     """
+    # On the host: eager jnp arithmetic would compile a program per operation and shape for a line of text.
+    model = jax.tree.map(np.asarray, model)
     sub, rates = model.substitution, model.rate_variation
-    numbers = lambda values: ",".join(f"{float(v):.6g}" for v in jnp.ravel(jnp.asarray(values)))
+    numbers = lambda values: ",".join(f"{float(v):.6g}" for v in np.ravel(np.asarray(values)))
     if isinstance(sub, EmpiricalAminoAcid):
         text = sub.name
         own = empirical_matrix(sub.name)[1]
@@ -372,7 +375,7 @@ def model_string(model: Model) -> str:
                   TN93: lambda s: [s.kappa_purine, s.kappa_pyrimidine], GTR: lambda s: s.rates / s.rates[-1],
                   ConstrainedGTR: lambda s: s.class_rates[:-1] / s.class_rates[-1]}
         if type(sub) in values:
-            text += f"{{{numbers(jnp.stack([jnp.asarray(v) for v in values[type(sub)](sub)]))}}}"
+            text += f"{{{numbers(np.stack([np.asarray(v) for v in values[type(sub)](sub)]))}}}"
         if not _equal_by_definition(name):
             text += f"+F{{{numbers(sub.frequencies)}}}"
     invariant = rates.proportion_invariant if isinstance(rates, InvariantSites) else None
@@ -382,7 +385,7 @@ def model_string(model: Model) -> str:
     if isinstance(base, DiscreteGamma):
         text += f"+G{base.num_categories}{'m' if base.median else ''}{{{numbers(base.shape)}}}"
     elif isinstance(base, FreeRates):
-        weights = base.weights / jnp.sum(base.weights)
-        means = base.rates / jnp.sum(weights * base.rates)
-        text += f"+R{weights.shape[0]}{{{numbers(jnp.stack([weights, means], axis=1))}}}"
+        weights = base.weights / np.sum(base.weights)
+        means = base.rates / np.sum(weights * base.rates)
+        text += f"+R{weights.shape[0]}{{{numbers(np.stack([weights, means], axis=1))}}}"
     return text

@@ -1,6 +1,21 @@
 """What every run stands on: checkpoints and stop requests, device meshes and placement, memory probes,
-several processes, product precision."""
+several processes, product precision, the persistent compilation cache."""
 
+from ._cache import (
+    DEFAULT_MAX_BYTES as DEFAULT_MAX_BYTES,
+    ENVIRONMENT as ENVIRONMENT,
+    SIZE_ENVIRONMENT as SIZE_ENVIRONMENT,
+    CacheInfo as CacheInfo,
+    cache_dir as cache_dir,
+    cache_info as cache_info,
+    clear_cache as clear_cache,
+    default_cache_dir as default_cache_dir,
+    enable_compilation_cache as enable_compilation_cache,
+    enabled_cache_dir as enabled_cache_dir,
+    host_tag as host_tag,
+    max_cache_bytes as max_cache_bytes,
+    trim_cache as trim_cache,
+)
 from ._checkpoint import (
     EXIT_INTERRUPTED as EXIT_INTERRUPTED,
     NEVER as NEVER,
@@ -28,6 +43,7 @@ from ._mesh import (
     place_batch as place_batch,
     replicate as replicate,
     run_mesh as run_mesh,
+    to_device as to_device,
     to_host as to_host,
 )
 from ._memory import (

@@ -135,6 +135,19 @@ def run_mesh(devices=None, mesh_shape: tuple[int | None, int | None] = (None, No
     return device_mesh(devices, *mesh_shape, trees=trees, num_patterns=num_patterns)
 
 
+def to_device(x, dtype=None) -> jax.Array:
+    """`jnp.asarray(x, dtype)` without compiling anything for a host value (a NumPy array, a Python number or list).
+
+    Outside jit, JAX 0.10's `jnp.asarray` of a host value runs a one-operation program (`stage`, or
+    `convert_element_type` with a dtype) compiled anew for every shape and dtype: tens of milliseconds each, dozens
+    per command. `jax.device_put` copies the value instead. The result is never weakly typed (a Python `2.0`
+    becomes a float64 array, as a value an optimiser returns would be, so jitted functions see one type). JAX
+    arrays and tracers go through `jnp.asarray` as before."""
+    if isinstance(x, (jax.Array, jax.core.Tracer)):
+        return jax.numpy.asarray(x, dtype)
+    return jax.device_put(np.asarray(x, dtype))
+
+
 def to_host(x) -> np.ndarray:
     """An array's whole value on the host, in every process: a global array split over other processes'
     devices is gathered from them (`multihost_utils.process_allgather`); anything else is read as it is."""

@@ -28,6 +28,7 @@ from ._schedule import (
     Schedule as Schedule,
     build_schedule as build_schedule,
     device_schedule as device_schedule,
+    host_schedule as host_schedule,
     kernel_children as kernel_children,
     node_levels as node_levels,
     phase_widths as phase_widths,

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
+from ..runtime import to_device
 from ._topology import Topology, Tree, _taxa_count
 
 
@@ -105,7 +106,7 @@ class TreeBatch(eqx.Module):
             kernel_lengths[rename[parent < 0]] = 0.0
             parents.append(renamed)
             lengths.append(kernel_lengths)
-        return cls(jnp.asarray(np.stack(parents)), jnp.asarray(np.stack(lengths)), tuple(taxa))
+        return cls(to_device(np.stack(parents)), to_device(np.stack(lengths)), tuple(taxa))
 
     @property
     def num_tips(self) -> int:
@@ -159,7 +160,7 @@ def _tree_from_kernel(parent: np.ndarray, lengths: np.ndarray, taxa, rooted: boo
         up = parent[node]
         new_parent[new_id[node]] = new_id[int(up)] if up >= 0 else -1
         new_lengths[new_id[node]] = lengths[node] if up >= 0 else 0.0
-    return Tree(jnp.asarray(new_lengths), Topology(tuple(new_parent), tuple(taxa), rooted))
+    return Tree(to_device(new_lengths), Topology(tuple(new_parent), tuple(taxa), rooted))
 
 
 def unrooted(parent: np.ndarray, lengths: np.ndarray) -> tuple[list[dict[int, float]], int]:
@@ -215,4 +216,4 @@ def kernel_batch(trees: list[Tree]) -> TreeBatch:
     rooted = [root_on_first_tip(p, l) for p, l in zip(np.asarray(batch.parents), np.asarray(batch.branch_lengths))]
     parents = np.stack([p for p, _ in rooted])
     lengths = np.stack([l for _, l in rooted])
-    return TreeBatch(jnp.asarray(parents), jnp.asarray(lengths), batch.taxa)
+    return TreeBatch(to_device(parents), to_device(lengths), batch.taxa)

@@ -13,10 +13,10 @@ Each step is O(m^2) vectorised NumPy, O(N^3) in all.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float
 
+from ..runtime import to_device
 from .._errors import InputError
 from ._topology import Topology, Tree
 
@@ -101,7 +101,7 @@ def _join(matrix, taxa, bionj: bool, allow_negative: bool) -> Tree:
     if not allow_negative:
         length = np.maximum(length, 0.0)
     topology = Topology(tuple(int(p) for p in parent), tuple(taxa), rooted=False)
-    return Tree(jnp.asarray(length), topology)
+    return Tree(to_device(length), topology)
 
 
 def neighbor_joining(

@@ -12,9 +12,9 @@ operations, a tree O(N^2).
 
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
+from ..runtime import to_device
 from ..data import Alignment
 from ._kernel_form import TreeBatch, rooted_on_first_tip
 from ._topology import Tree
@@ -90,7 +90,7 @@ def _rooted_at(neighbours, root):
 def _as_tree(neighbours, taxa, branch_length) -> Tree:
     adjacency = [{k: branch_length for k in around} for around in neighbours]
     parent, lengths = rooted_on_first_tip(adjacency, len(neighbours) - 1)
-    return TreeBatch(jnp.asarray(parent[None]), jnp.asarray(lengths[None]), tuple(taxa)).to_trees(rooted=False)[0]
+    return TreeBatch(to_device(parent[None]), to_device(lengths[None]), tuple(taxa)).to_trees(rooted=False)[0]
 
 
 def parsimony_score(alignment: Alignment, tree: Tree) -> float:

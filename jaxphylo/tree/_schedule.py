@@ -165,9 +165,61 @@ def build_schedule(topology: Topology, max_width: int | None = None) -> Schedule
 @lru_cache(maxsize=256)
 def _cached_schedule(topology: Topology, max_width: int | None) -> Schedule:
     parent, _ = binarize(topology)
-    widths = phase_widths(topology.num_tips, max_width)
-    with jax.ensure_compile_time_eval():  # concrete arrays even when called while tracing
-        return jax.device_get(device_schedule(jnp.asarray(parent)[None], widths))
+    return host_schedule(np.asarray(parent), phase_widths(topology.num_tips, max_width))
+
+
+def host_schedule(parent: Int[np.ndarray, " M"], widths: tuple[int, ...]) -> Schedule:
+    """`device_schedule` of one tree, the same arrays computed by NumPy on the host (a batch of one).
+
+    A known topology needs no program: compiling `device_schedule` for one tree
+    cost a fresh process about a second per taxon count, and its constants another
+    thirty small programs, for what NumPy computes in a millisecond. The levels
+    come from repeated `1 + max(children)` sweeps (as many as the tree is high)
+    instead of pointer doubling, which a device needs to avoid a loop per level.
+    """
+    m = parent.shape[0]
+    n = (m + 1) // 2
+    r = num_slots(n, widths)
+    width = np.asarray(widths, np.int32)
+    node = np.arange(m, dtype=np.int32)
+    up = np.where(parent < 0, m, parent)
+    first, second = np.full(m + 1, m, np.int32), np.full(m + 1, -1, np.int32)
+    np.minimum.at(first, up, node)
+    np.maximum.at(second, up, node)
+    has_children = first[:m] <= second[:m]
+    kids = np.where(has_children[:, None], np.stack([first[:m], second[:m]], axis=1), m).astype(np.int32)
+    level = np.zeros(m + 1, np.int32)  # the last entry: "no child", level 0
+    while True:
+        higher = np.where(has_children, 1 + np.maximum(level[kids[:, 0]], level[kids[:, 1]]), 0)
+        if np.array_equal(higher, level[:m]):
+            break
+        level[:m] = higher
+    level = level[:m]
+    internal = node >= n
+
+    count = np.zeros(n + 1, np.int32)
+    np.add.at(count, np.where(internal, level, 0), internal.astype(np.int32))
+    fits = np.sum(width[None, :] >= count[:, None], axis=1) - 1
+    phase = np.maximum.accumulate(np.where(count > 0, fits, 0))
+    level_width = width[phase]
+    level_slots = -(-count // level_width) * level_width
+    level_start = np.cumsum(level_slots) - level_slots
+    steps = np.bincount(phase, weights=level_slots // level_width, minlength=len(widths)).astype(np.int32)
+    offsets = np.cumsum(steps * width) - steps * width
+
+    order = np.argsort(np.where(internal, level, n + 1), kind="stable")
+    sorted_level = level[order]
+    rank = node - (np.cumsum(count) - count)[sorted_level]
+    slot = np.zeros(m, np.int32)
+    slot[order] = level_start[sorted_level] + rank
+    layout_id = np.append(np.where(internal, n + slot, node), n + r).astype(np.int32)
+    node_at_slot = np.full(r, m, np.int32)
+    node_at_slot[slot[internal]] = node[internal]
+    children = layout_id[np.append(kids, np.full((1, 2), m, np.int32), axis=0)[node_at_slot]]
+    layout = np.concatenate([node[:n], node_at_slot, np.array([m], np.int32)])
+    root = np.argmin(parent)
+    return Schedule(children[None], layout[None], steps[None], offsets.astype(np.int32)[None],
+                    slot[root][None], widths, n)
 
 
 def trim_slots(schedule: Schedule) -> Schedule:

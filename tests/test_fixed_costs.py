@@ -1,0 +1,229 @@
+"""The fixed costs of a run: the persistent compilation cache (where it is, how to move or stop it, that a changed
+version misses rather than breaks), and programs that are neither traced nor compiled twice."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+import jaxphylo as jp
+from jaxphylo.cli import main
+from jaxphylo.runtime import (
+    DEFAULT_MAX_BYTES, cache_dir, cache_info, clear_cache, default_cache_dir, host_tag, max_cache_bytes, trim_cache,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_default_folder_follows_the_platform_and_the_variable_moves_or_stops_it(monkeypatch, tmp_path):
+    monkeypatch.delenv("JAXPHYLO_CACHE_DIR", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "jaxphylo" / "xla" == cache_dir()
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "jaxphylo" / "xla"
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert default_cache_dir() == tmp_path / "home" / "Library" / "Caches" / "jaxphylo" / "xla"
+    monkeypatch.setenv("JAXPHYLO_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert cache_dir() == tmp_path / "elsewhere"
+    for off in ("off", "OFF", "0", "none"):
+        monkeypatch.setenv("JAXPHYLO_CACHE_DIR", off)
+        assert cache_dir() is None
+    assert max_cache_bytes() == DEFAULT_MAX_BYTES
+    monkeypatch.setenv("JAXPHYLO_CACHE_MAX_SIZE", "500M")
+    assert max_cache_bytes() == 500 * 2**20
+    monkeypatch.setenv("JAXPHYLO_CACHE_MAX_SIZE", "lots")
+    with pytest.raises(jp.InputError, match="JAXPHYLO_CACHE_MAX_SIZE"):
+        max_cache_bytes()
+
+
+def test_the_suite_never_writes_the_users_cache_folder():
+    in_use = jax.config.jax_compilation_cache_dir
+    home_default = Path(os.path.expanduser("~")) / ".cache" / "jaxphylo"
+    assert in_use is None or not Path(in_use).resolve().is_relative_to(home_default.resolve())
+
+
+# One program compiled in a fresh process: prints its value and what the persistent cache did (JSON). With an
+# argument, the jaxlib version that the cache key hashes is changed first, as after an upgrade.
+PROGRAM = """
+import json, sys
+import jax
+if len(sys.argv) > 1:
+    from jax._src import cache_key  # the version string JAX hashes into every entry's key
+    cache_key.jaxlib_version_str = sys.argv[1]
+import jaxphylo
+counts = {"hits": 0, "misses": 0}
+def listen(event, **kwargs):
+    for name in counts:
+        if event == f"/jax/compilation_cache/cache_{name}":
+            counts[name] += 1
+jax.monitoring.register_event_listener(listen)
+value = float(jax.jit(lambda x: (jax.numpy.sin(x) * 3.0).sum())(jax.numpy.arange(5.0)))
+print(json.dumps({"value": value, "folder": jax.config.jax_compilation_cache_dir, **counts}))
+"""
+
+
+def _fresh(env: dict, *argv: str) -> dict:
+    """Run PROGRAM in a fresh process with `env` (and no JAX cache setting unless `env` has one)."""
+    inherited = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    done = subprocess.run([sys.executable, "-c", PROGRAM, *argv], capture_output=True, text=True, timeout=300,
+                          env={**inherited, "PYTHONPATH": str(ROOT), **env})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_importing_jaxphylo_caches_programs_and_a_changed_version_misses_rather_than_breaks(tmp_path):
+    folder = tmp_path / "cache"
+    env = {"JAXPHYLO_CACHE_DIR": str(folder)}
+    first = _fresh(env)
+    assert first["folder"] == str(folder / host_tag()) and first["misses"] >= 1 and first["hits"] == 0
+    written = cache_info(folder).entries
+    assert written >= 1  # even a program that compiles in milliseconds is kept
+    again = _fresh(env)
+    assert again["hits"] >= 1 and again["misses"] == 0 and again["value"] == first["value"]
+    upgraded = _fresh(env, "0.0.0-another-version")
+    assert upgraded["hits"] == 0 and upgraded["misses"] >= 1 and upgraded["value"] == first["value"]
+    assert cache_info(folder).entries > written  # kept beside the other version's, not over it
+    # An entry cut short (a disk filled, a process killed mid-write) is compiled again, with a warning at most.
+    for entry in folder.glob("*/*-cache"):
+        entry.write_bytes(entry.read_bytes()[:20])
+    assert _fresh(env)["value"] == first["value"]
+
+
+def test_off_and_a_cache_configured_in_jax_are_respected(tmp_path):
+    off = _fresh({"JAXPHYLO_CACHE_DIR": "off"})
+    assert off["folder"] is None and off["hits"] == off["misses"] == 0
+    mine = tmp_path / "mine"
+    theirs = _fresh({"JAXPHYLO_CACHE_DIR": str(tmp_path / "jaxphylo"), "JAX_COMPILATION_CACHE_DIR": str(mine)})
+    assert theirs["folder"] == str(mine) and not (tmp_path / "jaxphylo").exists()
+
+
+def test_cache_info_and_clear(monkeypatch, tmp_path, capsys):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    for k in range(3):  # one entry at the top, two in a processor kind's subfolder
+        where = folder if k == 0 else folder / host_tag()
+        where.mkdir(exist_ok=True)
+        (where / f"jit_f-{k}-cache").write_bytes(b"x" * 1000)
+    (folder / "notes.txt").write_text("not ours")
+    monkeypatch.setenv("JAXPHYLO_CACHE_DIR", str(folder))
+    assert main(["cache", "info"]) == 0
+    out = capsys.readouterr().out
+    assert str(folder) in out and "3 compiled programs" in out
+    assert trim_cache(folder, 2500) == 1 and cache_info(folder).entries == 2
+    assert main(["cache", "clear"]) == 0
+    assert "removed 2" in capsys.readouterr().out
+    assert cache_info(folder).entries == 0 and (folder / "notes.txt").exists()
+    monkeypatch.setenv("JAXPHYLO_CACHE_DIR", "off")
+    assert main(["cache", "info"]) == 0 and "off" in capsys.readouterr().out
+    assert clear_cache(tmp_path / "absent") == 0
+
+
+class Programs:
+    """Counts what JAX does while inside: traces (jaxprs built) and compilations (XLA or persistent-cache loads)."""
+
+    def __enter__(self):
+        self.traced, self.compiled = [], []
+        self._listener = self._listen
+        jax.monitoring.register_event_time_span_listener(self._listener)
+        return self
+
+    def _listen(self, event, start, end, fun_name=None, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            self.traced.append(fun_name)
+        elif event == "/jax/core/compile/backend_compile_duration":
+            self.compiled.append(fun_name)
+
+    def __exit__(self, *exc):
+        from jax._src import monitoring  # jax.monitoring has no public way to remove one listener
+
+        monitoring.unregister_event_time_span_listener(self._listener)
+
+
+def _simulated(prefix: str, sites: int, seed: int, missing: float):
+    model = jp.parse_model("GTR+G4{0.7}")
+    tree = jp.random_topology_tree([f"{prefix}{k}" for k in range(10)], seed=seed)
+    return jp.simulate(tree, model, sites, seed=seed, missing=missing), tree, model
+
+
+def test_pattern_buckets_pad_with_columns_that_add_nothing():
+    from jaxphylo.likelihood import bucket_patterns, pattern_bucket, pattern_data
+
+    assert [pattern_bucket(n) for n in (1, 16, 17, 300, 320, 321, 413, 934, 1024, 1025)] == \
+        [16, 16, 20, 320, 320, 384, 448, 1024, 1024, 1280]
+    assert all(n <= pattern_bucket(n) <= max(16, 1.25 * n) for n in range(1, 5000))
+    alignment, tree, model = _simulated("t", 150, 3, 0.1)
+    plain = pattern_data(alignment, tree)
+    padded = bucket_patterns(plain)
+    patterns = alignment.site_patterns().num_patterns
+    assert padded.tip_codes.shape[1] == pattern_bucket(patterns) > patterns
+    assert padded.tip_table.shape[0] == 8 and float(padded.weights[patterns:].sum()) == 0
+    per_pattern = jp.pattern_log_likelihoods(alignment, tree, model)
+    assert per_pattern.shape == (patterns,)  # per-site outputs drop the padding
+    from jaxphylo.likelihood import data_log_likelihood
+
+    # The padding changes nothing: the same value as unpadded data, to rounding in the order of the sum.
+    unpadded = float(data_log_likelihood(plain, tree, model))
+    assert float(jp.log_likelihood(alignment, tree, model)) == pytest.approx(unpadded, rel=1e-13)
+    assert float((alignment.site_patterns().weights * per_pattern).sum()) == pytest.approx(unpadded, rel=1e-13)
+    marginals = jp.ancestral_marginals(alignment, tree, model)
+    assert marginals.shape == (tree.num_tips - 1, alignment.num_sites, 4)
+    first, _ = jp.branch_length_derivatives(alignment, tree, model)
+    numeric = jax.grad(lambda b: data_log_likelihood(plain, tree.with_branch_lengths(b), model))(tree.branch_lengths)
+    assert jax.numpy.allclose(first, numeric, rtol=1e-10, atol=1e-8)
+
+
+def test_a_second_alignment_of_the_same_size_class_compiles_nothing():
+    first, tree_1, model = _simulated("a", 320, 1, 0.05)
+    second, tree_2, _ = _simulated("b", 300, 2, 0.1)  # other taxa, another topology, another pattern count
+    counts = [x.site_patterns().num_patterns for x in (first, second)]
+    from jaxphylo.likelihood import pattern_bucket
+
+    assert counts[0] != counts[1] and pattern_bucket(counts[0]) == pattern_bucket(counts[1])
+    jp.log_likelihood(first, tree_1, model).block_until_ready()
+    with Programs() as programs:
+        value = float(jp.log_likelihood(second, tree_2, model))
+    assert programs.compiled == [] and programs.traced == [] and value < 0
+
+
+def test_a_second_identical_call_traces_nothing(tmp_path, capsys):
+    alignment, tree, model = _simulated("c", 200, 4, 0.0)
+    jp.log_likelihood(alignment, tree, model).block_until_ready()
+    with Programs() as programs:
+        jp.log_likelihood(alignment, tree, model).block_until_ready()
+    assert programs.traced == [] and programs.compiled == []
+    from conftest import write_fasta
+
+    fasta = write_fasta(alignment, tmp_path / "a.fasta")
+    newick = tmp_path / "t.nwk"
+    jp.write_tree(tree, newick)
+    argv = ["loglik", str(fasta), str(newick), "-m", "GTR+G4{0.7}"]
+    assert main(argv) == 0
+    with Programs() as programs:
+        assert main(argv) == 0
+    assert programs.traced == [] and programs.compiled == []
+    printed = capsys.readouterr().out.split()
+    assert printed[0] == printed[1]
+
+
+def test_the_host_schedule_is_the_device_schedule():
+    import numpy as np
+
+    from jaxphylo.tree import binarize, device_schedule, host_schedule, phase_widths
+
+    for n in (5, 12, 27):
+        parents = np.stack([binarize(jp.random_topology_tree([f"t{k}" for k in range(n)], seed=seed).topology)[0]
+                            for seed in range(3)])
+        for max_width in (None, 2):
+            widths = phase_widths(n, max_width)
+            device = jax.device_get(device_schedule(jax.numpy.asarray(parents), widths))
+            for b, parent in enumerate(parents):
+                host = host_schedule(parent, widths)
+                for name in ("children", "layout", "steps", "offsets", "root_row"):
+                    a, d = getattr(host, name), getattr(device, name)[b:b + 1]
+                    assert a.dtype == d.dtype and np.array_equal(a, d), (n, b, max_width, name)
