@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--patience", type=int, default=None, help="default: SearchSettings' (IQ-TREE's 100)")
     parser.add_argument("--starts", type=int, default=None, help="default: SearchSettings' (IQ-TREE's -ninit 100)")
     parser.add_argument("--top", type=int, default=None, help="default: SearchSettings' (IQ-TREE's -ntop 20)")
-    parser.add_argument("--fast", action="store_true", help="SearchSettings.fast(): one start, NNI, one SPR round")
+    parser.add_argument("--fast", action="store_true", help="SearchSettings.fast(): one start, NNI, SPR at radius 5")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--radius", type=int, default=None)
     parser.add_argument("--lengths-method", default="auto", choices=("auto", "lbfgs", "newton"))

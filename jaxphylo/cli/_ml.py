@@ -25,8 +25,8 @@ def add_command(commands) -> None:
                     help="start trees: BIONJ and randomised stepwise-addition parsimony trees (IQ-TREE's -ninit)")
     ml.add_argument("--ntop", type=int, default=20, help="best starts NNI-climbed to seed the candidate set "
                                                           "(IQ-TREE's -ntop)")
-    ml.add_argument("--fast", action="store_true", help="one start (BIONJ), NNI and one SPR round, no perturbation "
-                                                        "(RAxML-NG's --fast, FastTree's regime)")
+    ml.add_argument("--fast", action="store_true", help="one start (BIONJ), NNI and SPR at radius 5 while it gains, "
+                                                        "no perturbation (RAxML-NG's --fast, FastTree's regime)")
     ml.add_argument("--bootstrap", "-b", type=int, default=0, help="non-parametric bootstrap replicates")
     ml.add_argument("--alrt", type=int, default=0, help="SH-aLRT RELL replicates (IQ-TREE: 1000)")
     ml.add_argument("--patience", type=int, default=100, help="perturbed trees without improvement before stopping")
