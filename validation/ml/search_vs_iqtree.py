@@ -143,18 +143,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="DS1,DS2,DS3,carnivores,primates_mtDNA,rsv2")
     parser.add_argument("--fast", action="store_true", help="ours --fast against FastTree instead")
+    parser.add_argument("--out", default=str(OUT), help="JSON to merge the rows into (by set)")
     args = parser.parse_args()
-    record = json.loads(OUT.read_text()) if OUT.exists() else {"rows": {}}
-    record.update(iqtree=subprocess.run(["iqtree2", "--version"], capture_output=True, text=True).stdout.split("\n")[0],
+    out = Path(args.out)
+    header = dict(iqtree=subprocess.run(["iqtree2", "--version"], capture_output=True, text=True).stdout.split("\n")[0],
                   cpu_count=os.cpu_count(), jaxphylo=jp.__version__, seed=SEED, model=MODEL,
                   note="wall times on a shared 2-core machine (load average before each run kept); ours include "
                        "compilation")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.sets.split(","):
             row = run_set(name, Path(tmp), args.fast)
+            record = json.loads(out.read_text()) if out.exists() else {"rows": {}}  # other runs may have written
+            record.update(header)
             record["rows"][name] = {**record["rows"].get(name, {}), **row}
-            OUT.write_text(json.dumps(record, indent=1, default=float) + "\n")
-    print(f"wrote {OUT}")
+            out.write_text(json.dumps(record, indent=1, default=float) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
