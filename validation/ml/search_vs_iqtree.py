@@ -114,7 +114,10 @@ def run_set(name: str, workdir: Path, fast: bool) -> dict:
     if fast:
         load = os.getloadavg()[0]
         began = time.perf_counter()
-        newick = subprocess.run(["fasttree", "-gtr", "-gamma", "-nt", "-quiet", str(path)], check=True,
+        # FastTree cuts names at spaces (carnivores' would collide): its copy of the alignment has '_' for them.
+        renamed = workdir / f"{name}_fasttree.fasta"
+        renamed.write_text("".join(f">{t.replace(' ', '_')}\n{q}\n" for t, q in zip(alignment.taxa, alignment.sequences)))
+        newick = subprocess.run(["fasttree", "-gtr", "-gamma", "-nt", "-quiet", str(renamed)], check=True,
                                 capture_output=True, text=True).stdout
         reference = {"seconds": round(time.perf_counter() - began, 2), "load_before": round(load, 2),
                      "command": "fasttree -gtr -gamma -nt -quiet ALN"}
