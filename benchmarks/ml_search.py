@@ -1,7 +1,7 @@
 """Maximum-likelihood tree search against IQ-TREE 2 on the same machine, in the same run.
 
-For each case: `jaxphylo.ml.search` (GTR+G4, BIONJ start, default settings
-unless `--patience`/`--starts` are given) timed cold (compilation included)
+For each case: `jaxphylo.ml.search` (GTR+G4, default settings, IQ-TREE's regime,
+unless `--patience`/`--starts`/... are given; `--fast`: `SearchSettings.fast()`) timed cold (compilation included)
 and, for the small cases, warm (a second identical search in the same
 process: the difference is compile time); then `iqtree2 -s ALN -m GTR+G4
 -seed 1` with `-nt 1` and `-nt AUTO`. Prints a table (time, log L, ratio) and
@@ -76,15 +76,15 @@ def peak_memory() -> dict:
             "host_max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def run_ours(alignment, settings: ml.SearchSettings, starts: int, warm: bool) -> dict:
+def run_ours(alignment, settings: ml.SearchSettings, warm: bool) -> dict:
     start = time.perf_counter()
-    result = ml.search(alignment, MODEL, starts=starts, settings=settings, seed=1)
+    result = ml.search(alignment, MODEL, settings=settings, seed=1)
     cold = time.perf_counter() - start
     row = {"cold_seconds": cold, "log_likelihood": result.log_likelihood, "search_rounds": result.search_rounds,
            "model": result.model_string, "tree": None}
     if warm:
         start = time.perf_counter()
-        again = ml.search(alignment, MODEL, starts=starts, settings=settings, seed=1)
+        again = ml.search(alignment, MODEL, settings=settings, seed=1)
         row["warm_seconds"] = time.perf_counter() - start
         row["compile_seconds"] = cold - row["warm_seconds"]
         assert abs(again.log_likelihood - result.log_likelihood) < 1e-6
@@ -96,7 +96,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="DS1,DS2,DS3,carnivores")
     parser.add_argument("--patience", type=int, default=None, help="default: SearchSettings' (IQ-TREE's 100)")
-    parser.add_argument("--starts", type=int, default=1)
+    parser.add_argument("--starts", type=int, default=None, help="default: SearchSettings' (IQ-TREE's -ninit 100)")
+    parser.add_argument("--top", type=int, default=None, help="default: SearchSettings' (IQ-TREE's -ntop 20)")
+    parser.add_argument("--fast", action="store_true", help="SearchSettings.fast(): one start, NNI, SPR at radius 5")
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--radius", type=int, default=None)
     parser.add_argument("--lengths-method", default="auto", choices=("auto", "lbfgs", "newton"))
@@ -116,9 +118,10 @@ def main() -> None:
                           if (r["case"], r["settings"].get("lengths_method", "auto")) not in
                           {(c, args.lengths_method) for c in args.cases.split(",")}]
     options = {k: v for k, v in dict(patience=args.patience, batch=args.batch, radius=args.radius,
-                                     lengths_method=args.lengths_method, max_seconds=args.max_seconds).items()
+                                     lengths_method=args.lengths_method, max_seconds=args.max_seconds,
+                                     starts=args.starts, top=args.top).items()
                if v is not None}
-    settings = ml.SearchSettings(**options)
+    settings = ml.SearchSettings.fast(**options) if args.fast else ml.SearchSettings(**options)
     version = subprocess.run([args.iqtree, "--version"], capture_output=True, text=True).stdout.splitlines()
     record["iqtree"] = version[0] if version else None
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,7 +132,7 @@ def main() -> None:
             patterns = alignment.site_patterns().num_patterns
             print(f"# {case}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, {patterns} patterns",
                   flush=True)
-            ours = run_ours(alignment, settings, args.starts, warm=not args.no_warm and len(alignment.taxa) < 200)
+            ours = run_ours(alignment, settings, warm=not args.no_warm and len(alignment.taxa) < 200)
             ours["tree"] = None
             iq = [run_iqtree(args.iqtree, alignment_path, t, workdir, args.iqtree_timeout)
                   for t in args.iqtree_threads.split(",")]
@@ -143,7 +146,7 @@ def main() -> None:
                             other.topology.parent, tuple(renamed.get(t, t) for t in other.taxa), False))
                     run["robinson_foulds_to_ours"] = ml.robinson_foulds(tree, other)
             row = {"case": case, "taxa": len(alignment.taxa), "sites": alignment.num_sites, "patterns": patterns,
-                   "settings": {**settings.__dict__, "starts": args.starts}, "jaxphylo": ours, "iqtree": iq,
+                   "settings": dict(settings.__dict__), "jaxphylo": ours, "iqtree": iq,
                    **peak_memory()}
             record["rows"].append(row)
             path.parent.mkdir(parents=True, exist_ok=True)

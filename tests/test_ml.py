@@ -9,6 +9,7 @@ as more than that). NNI scores are checked against whole-tree likelihoods to
 
 import json
 import logging
+from dataclasses import replace
 import os
 import re
 import shutil
@@ -156,14 +157,18 @@ def test_regraft_edges_are_those_within_the_radius(radius):
         assert edges == expected, (u, v)
 
 
+# Small settings: the default search (100 starts, 20 climbed, SPR radius up to 10) is for real data; these keep
+# the tests' compilations and climbs small, with every stage of the search still run.
+SMALL = ml.SearchSettings(starts=6, top=2, batch=2, patience=4, max_radius=5)
+
+
 @pytest.fixture(scope="module")
 def simulated():
-    """A 10-taxon tree with clear signal, its alignment, and the search result (shared: one compilation)."""
-    truth = jp.random_topology_tree([f"s{i}" for i in range(10)], seed=11, mean_branch_length=0.08)
+    """A 12-taxon tree with clear signal, its alignment, and the search result (shared: one compilation)."""
+    truth = jp.random_topology_tree([f"s{i}" for i in range(12)], seed=11, mean_branch_length=0.08)
     truth = truth.with_branch_lengths(np.asarray(truth.branch_lengths) + 0.04)  # no branch too short to resolve
     alignment = jp.simulate(truth, jp.parse_model("HKY{3}+F{0.3,0.2,0.2,0.3}+G4{0.8}"), 1500, seed=5)
-    settings = ml.SearchSettings(patience=4, batch=2)
-    return truth, alignment, settings, ml.search(alignment, "HKY+G4", settings=settings, seed=1)
+    return truth, alignment, SMALL, ml.search(alignment, "HKY+G4", settings=SMALL, seed=1)
 
 
 def test_search_recovers_the_simulated_tree(simulated):
@@ -171,15 +176,60 @@ def test_search_recovers_the_simulated_tree(simulated):
     assert ml.robinson_foulds(result.tree, truth) == 0
     assert result.log_likelihood >= ml.fit(alignment, truth, "HKY+G4").log_likelihood - 1e-3
     assert float(result.model.substitution.kappa) == pytest.approx(3.0, rel=0.2)
-    rounds, best = zip(*result.trace)
+    rounds, best, candidates, trees = zip(*result.trace)
     assert list(best) == sorted(best) or max(best) <= result.log_likelihood + 1e-3
+    assert trees[0] >= SMALL.starts and 1 <= max(candidates) <= SMALL.candidates
 
 
 def test_search_from_a_random_start_and_several_starts(simulated):
     truth, alignment, settings, result = simulated
-    again = ml.search(alignment, "HKY+G4", start="random", starts=2, settings=settings, seed=3)
+    again = ml.search(alignment, "HKY+G4", start="random", starts=3, settings=settings, seed=3)
     assert ml.robinson_foulds(again.tree, truth) == 0
     assert again.log_likelihood == pytest.approx(result.log_likelihood, abs=0.02)
+
+
+def test_search_log_likelihood_is_iqtrees_on_the_same_tree_and_model(simulated, tmp_path):
+    """`iqtree2 -te OURS -m MODEL{fitted} -blfix` (nothing left for IQ-TREE to fit) prints our final log L.
+    Tolerance 0.01: IQ-TREE prints 4 decimals and our model string keeps 6 significant digits, whose rounding
+    moves log L by far less at an optimum (a second-order change)."""
+    require("iqtree2")
+    _, alignment, _, result = simulated
+    write_fasta(alignment, tmp_path / "sim.fasta")
+    jp.write_tree(result.tree, tmp_path / "ours.nwk")
+    subprocess.run(["iqtree2", "-s", str(tmp_path / "sim.fasta"), "-te", str(tmp_path / "ours.nwk"), "-m",
+                    result.model_string.replace("HKY85", "HKY"), "-blfix", "-nt", "1", "-pre", str(tmp_path / "fix"),
+                    "-redo", "-quiet"], check=True, capture_output=True, timeout=300)
+    text = (tmp_path / "fix.iqtree").read_text()
+    reference = float(re.search(r"Log-likelihood of the tree: (-?[\d.]+)", text).group(1))
+    assert result.log_likelihood == pytest.approx(reference, abs=0.01)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_parsimony_builder_scores_equal_brute_force_fitch(seed, tmp_path):
+    """The stepwise-addition builder's Fitch lengths (packed bit sets, every insertion scored at once) equal
+    the plain Fitch score of the trees it returns; for DNA with gaps and ambiguity codes and for protein
+    (20 states), and each tree is a complete binary tree over all taxa."""
+    rng = np.random.default_rng(seed)
+    for symbols, data_type in (("ACGTACGTACGTRY-N", "dna"), ("ACDEFGHIKLMNPQRSTVWY-X", "protein")):
+        taxa = [f"t{i}" for i in range(9)]
+        rows = ["".join(rng.choice(list(symbols), 40)) for _ in taxa]
+        (tmp_path / "aln.fasta").write_text("".join(f">{t}\n{r}\n" for t, r in zip(taxa, rows)))
+        alignment = jp.read_alignment(tmp_path / "aln.fasta", data_type=data_type)
+        batch, lengths = jp.tree.parsimony_trees(alignment, 12, seed=seed)
+        trees = batch.to_trees()
+        assert [jp.tree.parsimony_score(alignment, t) for t in trees] == list(lengths)
+        assert all(sorted(t.taxa) == sorted(taxa) and len(jp.tree.splits(t)) == len(taxa) - 3 for t in trees)
+
+
+def test_stop_rule_counts_perturbed_trees():
+    """A round's trees add to the count unless the best rose by more than epsilon; IQ-TREE's 100 unsuccessful
+    trees are 5 rounds of 20, or one round of 128."""
+    count, rounds = 0, 0
+    while count < 100:
+        count, rounds = ml.unsuccessful_trees(count, -10.0, -10.0 + 5e-4, 20, 1e-3), rounds + 1
+    assert rounds == 5
+    assert ml.unsuccessful_trees(0, -10.0, -10.0, 128, 1e-3) >= 100
+    assert ml.unsuccessful_trees(80, -10.0, -9.5, 20, 1e-3) == 0
 
 
 def test_a_search_compiles_a_fixed_set_of_programs(simulated):
@@ -192,7 +242,7 @@ def test_a_search_compiles_a_fixed_set_of_programs(simulated):
     logger.addHandler(handler)
     try:
         with jax.log_compiles(True):
-            ml.search(alignment, "HKY+G4", start="random", settings=ml.SearchSettings(patience=8, batch=2), seed=9)
+            ml.search(alignment, "HKY+G4", start="random", settings=replace(SMALL, patience=8), seed=9)
     finally:
         logger.removeHandler(handler)
     compiled = [r for r in records if "Compiling" in r and "search" not in r]
@@ -285,8 +335,8 @@ def run_cli(*args, cwd=None):
                           cwd=cwd, env=env)
 
 
-ML_COMMAND = ("ml", "sim.fasta", "-m", "HKY+G4", "--patience", "1", "--batch", "2", "--alrt", "100", "--bootstrap",
-              "2")
+ML_COMMAND = ("ml", "sim.fasta", "-m", "HKY+G4", "--patience", "1", "--batch", "2", "--ninit", "6", "--ntop", "2",
+              "--alrt", "100", "--bootstrap", "2")
 ML_FILES = ("sim.fasta.treefile", "sim.fasta.json", "sim.fasta.log", "sim.fasta.ckpt", "sim.fasta.boot.ckpt")
 
 
@@ -361,7 +411,7 @@ def test_ml_dry_run_prints_the_cost_and_writes_nothing(tmp_path):
     alignment, _ = jp.example_paths()
     result = run_cli("ml", str(Path(alignment).resolve()), "-m", "HKY+G4", "--dry-run", "--out", str(tmp_path / "x"))
     assert result.returncode == 0, result.stderr
-    # The widest evaluation: twice the batch of 4 trees (an NNI round's re-fits, and SPR's)
-    assert "16 taxa" in result.stderr and "likelihood and gradient of 8 trees at once" in result.stderr
+    # (The plan no longer prints a batch line: jaxphylo.likelihood.plan writes one tree's cost.)
+    assert "16 taxa" in result.stderr
     assert "one likelihood-and-gradient" in result.stderr
     assert list(tmp_path.iterdir()) == []

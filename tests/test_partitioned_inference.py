@@ -176,7 +176,8 @@ def test_partitioned_search_bootstrap_and_alrt(genes, tmp_path):
     batched likelihood, which the test above checks.)"""
     truth, alignment_path, partition = genes
     run = subprocess.run([sys.executable, "-m", "jaxphylo.cli", "ml", str(alignment_path), "-m", "HKY+G4", "-p",
-                          str(partition), "--patience", "1", "--batch", "2", "--radius", "0", "--bootstrap", "2",
+                          str(partition), "--patience", "1", "--batch", "2", "--radius", "0", "--ninit", "4", "--ntop", "2",
+                          "--bootstrap", "2",
                           "--alrt", "100",
                           "-o", str(tmp_path / "run")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
@@ -194,7 +195,7 @@ def test_partitioned_search_bootstrap_and_alrt(genes, tmp_path):
     assert [set(counts[:, parts == k].sum(axis=1)) for k in (0, 1)] == [{500}, {500}]
     # -Q: every part its own lengths through the search (Newton steps, the GPU's default) and SH-aLRT.
     unlinked = jp.partitioned_model(read_partitions(partition), alignment, default_model="HKY+G4", link="unlinked")
-    result = ml.search(alignment, unlinked, settings=ml.SearchSettings(patience=0, batch=2, radius=0,
+    result = ml.search(alignment, unlinked, settings=ml.SearchSettings(patience=0, batch=2, radius=0, starts=1, top=2,
                                                                        lengths_method="newton"))
     assert ml.robinson_foulds(result.tree, truth) == 0 and result.model.branch_lengths.shape == (2, 14)
     assert result.log_likelihood == pytest.approx(float(jp.log_likelihood(alignment, result.tree, result.model)),

@@ -21,12 +21,19 @@ def add_command(commands) -> None:
     ml.add_argument("-te", metavar="TREE", help="fit the model and branch lengths on this topology, no search "
                                                 "(IQ-TREE's -te)")
     add_partition_options(ml, "partitions with unlinked branch lengths (each part its own; PREFIX.parttrees)")
-    ml.add_argument("--starts", type=int, default=1, help="start trees (extra ones: BIONJ of resampled columns)")
+    ml.add_argument("--ninit", "--starts", dest="starts", type=int, default=100,
+                    help="start trees: BIONJ and randomised stepwise-addition parsimony trees (IQ-TREE's -ninit)")
+    ml.add_argument("--ntop", type=int, default=20, help="best starts NNI-climbed to seed the candidate set "
+                                                          "(IQ-TREE's -ntop)")
+    ml.add_argument("--fast", action="store_true", help="one start (BIONJ), NNI and SPR at radius 5 while it gains, "
+                                                        "no perturbation (RAxML-NG's --fast, FastTree's regime)")
     ml.add_argument("--bootstrap", "-b", type=int, default=0, help="non-parametric bootstrap replicates")
     ml.add_argument("--alrt", type=int, default=0, help="SH-aLRT RELL replicates (IQ-TREE: 1000)")
     ml.add_argument("--patience", type=int, default=100, help="perturbed trees without improvement before stopping")
-    ml.add_argument("--batch", type=int, default=4, help="perturbed trees climbed together")
-    ml.add_argument("--radius", type=int, default=6, help="SPR regraft radius (0: NNI only)")
+    ml.add_argument("--batch", type=int, default=0,
+                    help="trees perturbed and climbed together per round (0: chosen from the device and its memory)")
+    ml.add_argument("--radius", type=int, default=5, help="first SPR regraft radius, widened by 5 while it gains "
+                                                          "(0: NNI only)")
     ml.add_argument("--seed", type=int, default=0)
     ml.add_argument("--out", "-o", "--prefix", dest="out", help="output prefix (default: the alignment's name)")
     add_data_options(ml)
@@ -64,7 +71,8 @@ def run(args) -> None:
     model = partitioned_model_of(args, alignment, model_string) if partitions and not selecting else model_string
     # Bad input fails here, before any output (with MF/MFP only the start tree can be checked yet).
     ml.check_inputs(alignment, None if selecting else model, start)
-    settings = ml.SearchSettings(patience=args.patience, batch=args.batch, radius=args.radius)
+    options = dict(patience=args.patience, batch=args.batch, radius=args.radius, starts=args.starts, top=args.ntop)
+    settings = ml.SearchSettings.fast() if args.fast else ml.SearchSettings(**options)
     if args.dry_run:
         _dry_run(alignment, start, model, args, settings)
         return
@@ -89,18 +97,20 @@ def run(args) -> None:
             log_file.close()
             return
     began = time.perf_counter()
-    mesh = mesh_choice(args, 2 * max(args.batch, args.starts), alignment.site_patterns().num_patterns)
+    mesh = mesh_choice(args, 2 * max(settings.batch, settings.top), alignment.site_patterns().num_patterns)
     if mesh is not None:
         log(f"# devices: mesh batch={mesh.shape['batch']} x patterns={mesh.shape['patterns']}")
     if fixed is not None:  # IQ-TREE's -te: model and branch lengths on this topology, no search
         result = ml.fit(alignment, fixed, model, precision=args.precision)
         log(f"# fitted on the topology of {args.te}: {result.iterations} iterations")
     else:
-        result = ml.search(alignment, model, start, starts=args.starts, seed=args.seed, settings=settings,
-                           precision=args.precision, checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop,
-                           mesh=mesh,
-                           progress=lambda r, best, seconds: log(f"round {r}\tbest log L {best:.4f}",
-                                                                 "" if seconds is None else f"\t{seconds:.1f} s"))
+        def progress(r, best, candidates, trees, seconds):
+            aside = "" if seconds is None else f"\t{seconds:.1f} s\t{trees / max(seconds, 1e-9):.1f} trees/s"
+            log(f"round {r}\tbest log L {best:.4f}\tcandidates {candidates}\ttrees {trees}", aside)
+
+        result = ml.search(alignment, model, start, seed=args.seed, settings=settings, precision=args.precision,
+                           checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop, mesh=mesh,
+                           progress=progress)
     labelled, supports = [], {}
     if args.alrt:
         log(f"# SH-aLRT with {args.alrt} RELL replicates")
@@ -125,8 +135,8 @@ def run(args) -> None:
         "log_likelihood": result.log_likelihood, "model": result.model_string, "parameters": result.parameters,
         "tree": open(f"{prefix}.treefile").read().strip(), "search_rounds": result.search_rounds,
         "support_labels": "/".join({"sh_alrt": "SH-aLRT", "bootstrap": "bootstrap"}[k] for k in supports) or None,
-        "settings": {"starts": args.starts, "seed": args.seed, "patience": args.patience, "batch": args.batch,
-                     "radius": args.radius, "precision": args.precision},
+        "settings": {"seed": args.seed, "precision": args.precision, "fast": args.fast,
+                     **{k: v for k, v in vars(settings).items() if k != "max_seconds"}},
     }
     with open(f"{prefix}.json", "w") as handle:
         json.dump(summary, handle, indent=1)
@@ -182,7 +192,7 @@ def _dry_run(alignment, start, model, args, settings) -> None:
     tree = start or jp.random_topology_tree(alignment.taxa, seed=args.seed)
     largest = "GTR+F+R10" if alignment.alphabet.num_states == 4 else "LG+F+R10"  # MF/MFP: the largest candidate
     model, _ = jp.models.resolve_model(largest if _selecting(args.model) else model, alignment)
-    batch = 2 * max(args.batch, args.starts)
+    batch = 2 * max(settings.batch, settings.top)
     data = jp.likelihood.partitioned_data(alignment, tree, model) if isinstance(model, jp.PartitionedModel) else \
         pattern_data(alignment, tree)
     plan(data, tree, model, args.precision, batch, True, alignment.num_sites,

@@ -22,26 +22,47 @@ from ._lengths import LENGTHS_METHODS, Problem, optimise_lengths
 
 @dataclass
 class SearchSettings:
-    batch: int = 4  # perturbed copies hill-climbed together
+    """How a search runs. The defaults are IQ-TREE 2's regime (`-ninit 100 -ntop 20`, a candidate set of 5,
+    100 unsuccessful perturbed trees) with RAxML-NG's SPR radius schedule; `fast()` is one start, NNI and
+    SPR at the first radius (RAxML-NG's `--fast`, FastTree's regime)."""
+
+    starts: int = 100  # start trees: BIONJ (or the given tree) and randomised stepwise-addition parsimony trees
+    top: int = 20  # best distinct starts NNI-climbed to seed the candidate set (more where a batch holds more)
+    batch: int = 0  # trees perturbed and climbed together in a round; 0: `search_width` chooses
     patience: int = 100  # perturbed trees in a row without improvement before stopping
     perturbation: float = 0.5  # fraction of internal edges a perturbation tries to swap
     epsilon: float = 1e-3  # smallest gain that counts as an improvement
-    radius: int = 6  # SPR regraft radius in branches (IQ-TREE's default); 0 turns SPR off
+    radius: int = 5  # first SPR regraft radius in branches; 0 turns SPR off
+    max_radius: int = 10  # SPR rounds widen the radius by 5 while it gains, up to this (RAxML-NG: 5, 10, 15, ...)
+    spr_rounds: int = 0  # SPR moves a climb applies at most (0: until none gains)
     candidates: int = 5  # best distinct trees kept for perturbation (IQ-TREE's default)
     lengths_method: str = "auto"  # branch-length optimiser during the search: "lbfgs", "newton" or "auto"
     max_seconds: float = float("inf")  # wall-clock limit (makes a search depend on the machine's speed)
 
     def __post_init__(self):
-        for name in ("batch", "candidates"):
+        for name in ("starts", "top", "candidates"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"search setting {name} must be at least 1, got {getattr(self, name)}")
-        for name in ("patience", "radius"):
+        for name in ("batch", "patience", "radius", "max_radius", "spr_rounds"):
             if int(getattr(self, name)) < 0:
                 raise InputError(f"search setting {name} must not be negative, got {getattr(self, name)}")
         if self.lengths_method not in LENGTHS_METHODS:
             raise InputError(f"lengths_method must be one of {', '.join(LENGTHS_METHODS)}, not {self.lengths_method!r}")
         if not 0 < self.perturbation <= 1:
             raise InputError(f"perturbation must be in (0, 1], got {self.perturbation}")
+
+    @classmethod
+    def fast(cls, **changes) -> "SearchSettings":
+        """One start (BIONJ), NNI rounds, then SPR at the first radius only while it gains, no perturbation.
+        (One SPR move alone, `spr_rounds=1`, ended 6.9 log L below FastTree on DS1.)"""
+        return cls(**{"starts": 1, "top": 1, "batch": 1, "patience": 0, "max_radius": 5, **changes})
+
+
+def unsuccessful_trees(failures: int, before: float, after: float, trees: int, epsilon: float) -> int:
+    """The stop rule's count after a round that perturbed and climbed `trees` trees: perturbed trees since the
+    best log L last rose by more than `epsilon` (IQ-TREE counts one at a time and stops at 100; a batch counts
+    every tree, so a wide batch ends as soon in trees, and sooner in wall time)."""
+    return 0 if after > before + epsilon else failures + trees
 
 
 @eqx.filter_jit
@@ -91,32 +112,33 @@ def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilo
 
 
 @eqx.filter_jit
-def _spr_scores(parent, lengths, problem: Problem, radius: int):
+def _spr_scores(parent, lengths, problem: Problem, radius: int):  # one program per radius
     return spr_scores(parent, lengths, problem.model, problem.data, problem.weights[0], problem.widths, problem.dtype,
                       radius)
 
 
-def spr_step(parent, lengths, log_likelihood, problem_of, batch: int, settings: SearchSettings):
-    """The best SPR of one tree within the radius, if it improves log L: `(parent, lengths, log L, improved)`.
+def spr_step(parent, lengths, log_likelihood, problem_of, batch: int, settings: SearchSettings, radius: int):
+    """The best SPRs of one tree within the radius: `(parents, lengths, log L, improved)`, `batch` trees.
 
     Every regraft of every pruning is scored on the device with its three new branches fitted (`_spr`); the
     best regraft of each of the `2 * batch` best prunings becomes a tree whose lengths are all re-fitted
-    (as many trees as an NNI round re-fits: the same compiled program).
+    (as many trees as an NNI round re-fits: the same compiled program). The `batch` best of them, best
+    first, go on to be NNI-climbed together (each a different neighbourhood, none a copy); `improved`: the
+    best gained more than `epsilon`.
     """
-    scores = _spr_scores(parent, lengths, problem_of(1), settings.radius)
+    scores = _spr_scores(parent, lengths, problem_of(1), radius)
     gains = np.asarray(scores.gains)
     top = [j for j in np.argsort(-gains, kind="stable")[:2 * batch] if np.isfinite(gains[j])]
     if not top:
-        return parent, lengths, log_likelihood, False
+        return None, None, None, False
     nodes, fitted = np.asarray(scores.nodes), np.asarray(scores.lengths)
     built = [regrafted_tree(np.asarray(parent), np.asarray(lengths), nodes[j], fitted[j]) for j in top]
     problem = problem_of(2 * batch)
     p, l = (place_batch(_padded(np.stack(x), 2 * batch), problem.mesh) for x in zip(*built))
     l, ll = optimise_lengths(p, l, fixed_branches(p), problem)
-    k = int(jnp.argmax(ll))
-    if float(ll[k]) > log_likelihood + settings.epsilon:
-        return p[k], l[k], float(ll[k]), True
-    return parent, lengths, log_likelihood, False
+    best = np.argsort(-np.asarray(ll), kind="stable")[:batch]
+    improved = float(ll[best[0]]) > log_likelihood + settings.epsilon
+    return p[best], l[best], ll[best], improved
 
 
 def _padded(x, size):
@@ -128,19 +150,21 @@ class Climb:
     """A hill climb in progress, advanced one round per `step()` so that a run can stop and save between any two.
 
     Phases: "nni", NNI rounds of the whole batch until none improves; then,
-    with `spr`, "spr" (the best SPR of the batch's best tree within the
-    radius) alternating with "spr-nni" (NNI rounds of copies of the tree that
-    SPR made, one compiled shape) while SPR improves; then "done". `result()`
-    is the climbed batch with the best tree found moved into slot 0.
-    `state()` is plain NumPy, the part of a checkpoint that holds the climb.
+    with `spr`, "spr" (the best SPRs of the batch's best tree within the
+    radius) alternating with "spr-nni" (NNI rounds of the batch's width of the
+    best trees SPR made, one compiled shape) while SPR improves; when it does not, the
+    radius widens by 5 up to `max_radius` (RAxML-NG's schedule), and the climb
+    ends when the widest finds nothing or after `spr_rounds` SPR moves; then
+    "done". `result()` is the climbed batch with the best tree found moved into
+    slot 0. `state()` is plain NumPy, the part of a checkpoint that holds the climb.
     """
 
     ARRAYS = ("parents", "lengths", "log_likelihoods")
 
     def __init__(self, parents, lengths, log_likelihoods, spr: bool = True, phase: str = "nni", slot: int = 0,
-                 best=None, copies=None):
+                 best=None, copies=None, radius: int = 0, moves: int = 0):
         self.batch = tuple(jnp.asarray(x) for x in (parents, lengths, log_likelihoods))
-        self.spr, self.phase, self.slot = spr, phase, slot
+        self.spr, self.phase, self.slot, self.radius, self.moves = spr, phase, slot, radius, moves
         self.best = None if best is None else (jnp.asarray(best[0]), jnp.asarray(best[1]), float(best[2]))
         self.copies = None if copies is None else tuple(jnp.asarray(x) for x in copies)
 
@@ -151,11 +175,14 @@ class Climb:
     def step(self, problem_of, settings: SearchSettings, on_round=None) -> None:
         size = self.batch[0].shape[0]
         if self.phase == "spr":
-            p, l, ll, improved = spr_step(*self.best, problem_of, size, settings)
+            p, l, ll, improved = spr_step(*self.best, problem_of, size, settings, self.radius)
             if improved:
-                self.copies = jnp.broadcast_to(p, (size,) + p.shape), jnp.broadcast_to(l, (size,) + l.shape), \
-                    jnp.full(size, ll)
-            self.phase = "spr-nni" if improved else "done"
+                self.moves += 1
+                self.copies, self.phase = (p, l, ll), "spr-nni"
+            elif self.radius + 5 <= settings.max_radius and not settings.spr_rounds:
+                self.radius += 5
+            else:
+                self.phase = "done"
             return
         trees = self.batch if self.phase == "nni" else self.copies
         *trees, proposed, improved = nni_round(*trees, fixed_branches(trees[0]), problem_of(size), settings.epsilon)
@@ -167,13 +194,18 @@ class Climb:
             self.copies = tuple(trees)
         if improved:
             return
+        k = int(jnp.argmax(trees[2]))
         if self.phase == "nni":
-            self.slot = int(jnp.argmax(trees[2]))
-        k = self.slot if self.phase == "nni" else 0
-        self.best, self.copies = (trees[0][k], trees[1][k], float(trees[2][k])), None
+            self.slot = k
+        if self.phase == "nni" or float(trees[2][k]) > self.best[2]:
+            self.best = trees[0][k], trees[1][k], float(trees[2][k])
+        self.copies = None
         if self.phase == "spr-nni" and on_round is not None:
             on_round(self.best[2])
-        self.phase = "spr" if self.spr and settings.radius > 0 else "done"
+        more = not settings.spr_rounds or self.moves < settings.spr_rounds
+        if self.phase == "nni":
+            self.radius = settings.radius
+        self.phase = "spr" if self.spr and settings.radius > 0 and more else "done"
 
     def result(self):
         """The climbed batch, `(parents, lengths, log L)`, with the best tree found in slot 0."""
@@ -184,7 +216,8 @@ class Climb:
         numpy = lambda xs: None if xs is None else tuple(np.asarray(x) for x in xs)  # noqa: E731
         return {"parents": np.asarray(self.batch[0]), "lengths": np.asarray(self.batch[1]),
                 "log_likelihoods": np.asarray(self.batch[2]), "spr": self.spr, "phase": self.phase,
-                "slot": self.slot, "best": numpy(self.best), "copies": numpy(self.copies)}
+                "slot": self.slot, "best": numpy(self.best), "copies": numpy(self.copies), "radius": self.radius,
+                "moves": self.moves}
 
 
 class CandidateSet:
@@ -203,6 +236,12 @@ class CandidateSet:
 
     def best(self):
         return max(self.trees.values(), key=lambda t: t[0])
+
+    def rescored(self, lengths, log_likelihoods) -> None:
+        """The candidates (in `stacked` order) with lengths re-fitted under a new model."""
+        ranked = sorted(self.trees.values(), key=lambda t: -t[0])
+        self.trees = {}
+        self.add(jnp.stack([ranked[k % len(ranked)][1] for k in range(len(lengths))]), lengths, log_likelihoods)
 
     def stacked(self, count: int):
         """`count` trees cycling through the candidates, best first: `(parents, lengths)`."""

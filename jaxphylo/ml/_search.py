@@ -1,17 +1,25 @@
-"""Maximum-likelihood topology search: NNI hill climbing on batches of trees, with perturbation.
+"""Maximum-likelihood topology search: many starts and perturbed trees hill-climbed as batches.
 
-The search holds a batch of kernel trees on the device (`parents [B, M]`,
+The search holds batches of kernel trees on the device (`parents [B, M]`,
 `branch_lengths [B, M]`, rooted on tip 0). One round scores every NNI of every
 tree from the current partials (`_nni`), applies the best non-conflicting
 improving ones, and re-fits all branch lengths by L-BFGS; if that combination
 does not improve a tree, the best single NNI is tried instead (IQ-TREE's
-rule). A tree is locally optimal when no NNI gains more than `epsilon`.
+rule). A tree is locally optimal when no NNI gains more than `epsilon`; then
+the best tree of the batch gets SPR rounds (`_spr`, every regraft within the
+radius scored on the device) with RAxML-NG's widening radius.
 
-Escaping local optima is IQ-TREE's stochastic scheme run as a batch: each
-perturbation round copies the best tree `batch` times, applies random
-independent NNIs to about half of each copy's edges, and hill-climbs all copies
-at once; the search stops after `patience` perturbed trees in a row found
-nothing better (IQ-TREE: 100, one at a time).
+The regime is IQ-TREE 2's, run as batches: BIONJ and `starts - 1`
+randomised stepwise-addition parsimony trees (grown together on the device,
+`tree.parsimony_trees`); the model fitted on BIONJ; every start's lengths
+under it; the best `top` distinct starts climbed (`width` at a time) to seed
+a candidate set of the 5 best distinct trees; then perturbation rounds: each
+draws `width` trees from the candidates, applies random independent NNIs to
+about half of each one's edges, and climbs them all at once. The stop rule
+counts perturbed trees: the search ends after `patience` (IQ-TREE: 100) in a
+row found nothing better, so a wide batch ends as soon in trees and sooner in
+wall time. The model is re-fitted on the best tree whenever a round raises
+it (the candidates re-scored under it), and once more, thoroughly, at the end.
 
 All shapes are fixed by `N`, the pattern count and the batch size, so a whole
 search compiles a fixed handful of programs, whatever the number of moves.
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import replace
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,13 +46,14 @@ from ..tree import (
     TreeBatch,
     bionj,
     fixed_branches,
-    parsimony_tree,
+    parsimony_trees,
     phase_widths,
     kernel_batch,
+    kernel_splits,
     random_topology_tree,
 )
 from ..likelihood import (
-    PRECISIONS, batch_pattern_log_likelihoods, max_step_width, place_data, require_finite, search_data,
+    PRECISIONS, batch_pattern_log_likelihoods, max_step_width, node_bytes, place_data, require_finite, search_data,
     search_lengths, search_template,
 )
 from ..models import (
@@ -51,13 +61,14 @@ from ..models import (
     resolve_model,
 )
 from ._fit import MLResult, reported_parameters
-from ._lengths import Problem, optimise_lengths, optimise_model_and_lengths
-from ._climb import CandidateSet, Climb, SearchSettings, perturb, sorted_splits
+from ._lengths import (
+    LENGTHS_BUFFERS, LENGTHS_BYTES, Problem, optimise_lengths, optimise_model_and_lengths, tree_log_likelihoods,
+)
+from ._climb import CandidateSet, Climb, SearchSettings, perturb, sorted_splits, unsuccessful_trees
 
 
-def start_trees(alignment: Alignment, start, starts: int, seed: int) -> list[Tree]:
-    """`starts` trees: the first BIONJ (default), the user's tree or a random one; the others randomised
-    stepwise-addition parsimony trees (IQ-TREE's and RAxML's starts: diverse and reasonable)."""
+def first_tree(alignment: Alignment, start, seed: int) -> Tree:
+    """The first start: the user's tree, BIONJ (default) or a random tree."""
     if isinstance(start, Tree):
         _check_start(alignment, start)
         first = start
@@ -67,8 +78,35 @@ def start_trees(alignment: Alignment, start, starts: int, seed: int) -> list[Tre
         first = random_topology_tree(alignment.taxa, seed=seed)
     else:
         raise InputError(f"start must be a Tree, 'bionj' or 'random', not {start!r}")
-    trees = [first] + [parsimony_tree(alignment, seed=seed + k) for k in range(1, starts)]
-    return [t.with_branch_lengths(np.clip(np.asarray(t.branch_lengths, float), 1e-3, 1.0)) for t in trees]
+    return first.with_branch_lengths(np.clip(np.asarray(first.branch_lengths, float), 1e-3, 1.0))
+
+
+def start_batch(alignment: Alignment, start, starts: int, seed: int) -> TreeBatch:
+    """`starts` kernel trees: the first (`first_tree`), then randomised stepwise-addition parsimony trees grown
+    together on the device (IQ-TREE's and RAxML's starts: diverse and reasonable)."""
+    first = kernel_batch([first_tree(alignment, start, seed)])
+    if starts == 1:
+        return first
+    grown, _ = parsimony_trees(alignment, starts - 1, seed=seed)
+    return TreeBatch(jnp.concatenate([first.parents, grown.parents.astype(first.parents.dtype)]),
+                     jnp.concatenate([first.branch_lengths, grown.branch_lengths.astype(first.branch_lengths.dtype)]),
+                     first.taxa)
+
+
+def search_width(settings: SearchSettings, template, data, dtype, num_nodes: int) -> int:
+    """Trees perturbed and climbed together in a round (`settings.batch` when set).
+
+    On an accelerator, as many as an NNI round's re-fit of twice the batch
+    holds in `LENGTHS_BYTES` (32 to 256): the width costs little more time than one tree there.
+    On the CPU, where time grows with the trees, `top`: one width for the
+    start climb and the perturbation rounds, the fewest programs to compile.
+    """
+    if settings.batch:
+        return settings.batch
+    if jax.default_backend() == "cpu":
+        return settings.top
+    tree_bytes = LENGTHS_BUFFERS * (num_nodes + 1) * node_bytes(template, data, dtype)
+    return int(np.clip(LENGTHS_BYTES // (2 * tree_bytes), max(32, settings.top), 256))
 
 
 def check_inputs(alignment: Alignment, model, start=None) -> None:
@@ -102,7 +140,7 @@ def search(
     model: str | Model | PartitionedModel,
     start: Tree | str | None = None,
     *,
-    starts: int = 1,
+    starts: int | None = None,
     seed: int = 0,
     settings: SearchSettings | None = None,
     precision: str = "float64",
@@ -112,17 +150,19 @@ def search(
     stop=NEVER,
     mesh=None,
 ) -> MLResult:
-    """The maximum-likelihood tree: model fitted on the start tree, NNI hill climbing with perturbation, final fit.
+    """The maximum-likelihood tree: many starts climbed as a batch, perturbation rounds, SPR, a thorough final fit.
 
-    `start`: None or "bionj" (BIONJ on `jp.distances`), "random", or a `Tree`;
-    `starts > 1` adds random trees, all hill-climbed together. `progress`, if
-    given, is called with `(round, best log L, seconds)` after every round; a
-    resumed search first replays its saved rounds with `seconds` None.
+    `start`: the first start tree, None or "bionj" (BIONJ on `jp.distances`),
+    "random", or a `Tree`; `settings.starts - 1` randomised stepwise-addition
+    parsimony trees join it (`starts`, if given, overrides `settings.starts`).
+    `progress`, if given, is called with `(round, best log L, candidates, trees, seconds)` after every NNI or
+    SPR round (`trees`: start and perturbed trees climbed so far); a resumed
+    search first replays its saved rounds with `seconds` None.
 
     `checkpoint` (a path) saves the search at the end of each stage (start
     fits, first climb, every perturbation round) and whenever it stops: the
-    stage, the fitted model, the candidate trees, the climb in progress, the
-    random key and the patience count. With `resume=True` a search continues
+    stage, the fitted model, the starts, the candidate trees, the climb in progress, the
+    random key and the stop rule's count. With `resume=True` a search continues
     from it and ends as an uninterrupted one would, to the last bit. `stop` (a
     `jaxphylo.runtime._checkpoint.StopRequests`) is read before every NNI or SPR
     round; when it fires the search saves and raises `Interrupted`.
@@ -132,10 +172,12 @@ def search(
     the search is the same, up to the order of sums.
     """
     settings = settings or SearchSettings()
-    record = _search_record(alignment, model, start, starts, seed, settings, precision)
+    if starts is not None:
+        settings = replace(settings, starts=starts)
+    record = _search_record(alignment, model, start, seed, settings, precision)
     blocks = search_checkpoint(checkpoint, record, stop)
     saved = blocks.open(resume)
-    run = _SearchRun(alignment, model, start, starts, seed, settings, precision, progress, mesh)
+    run = _SearchRun(alignment, model, start, seed, settings, precision, progress, mesh)
     if saved is not None:
         run.restore(saved)
         for entry in run.trace if progress is not None else ():
@@ -154,31 +196,39 @@ def search_checkpoint(checkpoint, record: dict | None = None, stop=NEVER) -> Blo
                              f"--redo, or choose another prefix")
 
 
+FINAL_TOLERANCE = 1e-4  # log-likelihood units: the final joint fit of model and lengths (the search's refits: 1e-3)
+
+
 class _SearchRun:
     """One search as a sequence of short steps, its whole state plain data between them.
 
-    Stages: "start", "start-model", "start-lengths" (lengths, model, then
-    lengths fitted on the start trees), "first-climb", "perturb" (draw the next perturbed batch, or finish),
-    "perturbed-climb", "final". `advance()` does one step (one NNI or SPR
+    Stages: "start-model" (model and lengths fitted jointly on the first start),
+    "start-lengths" (every start's lengths under that model, `width` trees a step),
+    "first-climb" (the best distinct starts climbed, `width` a climb, until `top`
+    are climbed; they seed the candidate set, and the model is re-fitted on the best),
+    "perturb" (draw the next perturbed batch from the candidates, or finish),
+    "perturbed-climb" (after a round that raised the best log L the model is re-fitted on the new best
+    and the candidates re-scored under it), "final". `advance()` does one step (one NNI or SPR
     round inside a climb) and says whether a stage ended (a moment to save).
     """
 
-    def __init__(self, alignment, model, start, starts, seed, settings, precision, progress, mesh=None):
+    def __init__(self, alignment, model, start, seed, settings, precision, progress, mesh=None):
         self.settings, self.progress, self.seed, self.mesh = settings, progress, seed, mesh
         self.began = time.perf_counter()
         self.template, self.free = resolve_model(model, alignment)
         self.template = search_template(self.template)
-        trees = start_trees(alignment, start, starts, seed)
-        self.size = max(settings.batch, starts)
-        self.start_batch = kernel_batch(trees + trees[:1] * (self.size - len(trees)))
-        self.data = place_data(search_data(alignment, self.start_batch, self.template), mesh)
+        self.start_trees = start_batch(alignment, start, settings.starts, seed)
+        self.taxa = self.start_trees.taxa
+        self.data = place_data(search_data(alignment, self.start_trees, self.template), mesh)
         self.dtype = PRECISIONS[precision]
-        self.widths = phase_widths(self.start_batch.num_tips, max_step_width(
+        self.size = search_width(settings, self.template, self.data, self.dtype, self.start_trees.parents.shape[1])
+        self.widths = phase_widths(self.start_trees.num_tips, max_step_width(
             self.template, self.data, self.dtype, 2 * self.size))
         self.model = self.template
-        self.candidates = CandidateSet(settings.candidates, self.start_batch.taxa)
-        self.stage, self.climb, self.before = "start", None, None
-        self.key, self.failures, self.trace = jax.random.PRNGKey(seed), 0, []
+        self.candidates = CandidateSet(settings.candidates, self.taxa)
+        self.stage, self.climb, self.before = "start-model", None, None
+        self.starts, self.chosen, self.done = None, None, 0  # starts' (lengths, log L); the climbed ones; progress
+        self.key, self.failures, self.trace, self.trees = jax.random.PRNGKey(seed), 0, [], 0
 
     def problem_of(self, b: int) -> Problem:
         weights = place_batch(jnp.broadcast_to(self.data.weights, (b, self.data.weights.shape[0])), self.mesh)
@@ -186,7 +236,7 @@ class _SearchRun:
                        self.mesh)
 
     def on_round(self, best: float) -> None:
-        self.trace.append((len(self.trace) + 1, best))
+        self.trace.append((len(self.trace) + 1, best, len(self.candidates.trees), self.trees))
         if self.progress is not None:
             self.progress(*self.trace[-1], time.perf_counter() - self.began)
 
@@ -197,30 +247,44 @@ class _SearchRun:
                                                                       coordinates, self.problem_of(1), tolerance)
         return model, l[0], float(ll[0]), values, iterations
 
-    def refit_model_on_best(self, parents, lengths):  # the model on tree 0, then every tree's lengths under it
-        self.model, first, _, _, _ = self.refit(parents[0], lengths[0])
-        return optimise_lengths(parents, lengths.at[0].set(first), fixed_branches(parents), self.problem_of(self.size))
+    def refit_model_on_best(self) -> None:
+        """The model re-fitted on the best candidate, then every candidate's lengths under it."""
+        _, best_p, best_l = self.candidates.best()
+        self.model, _, _, _, _ = self.refit(best_p, best_l)
+        p, l = self.candidates.stacked(self.size)
+        self.candidates.rescored(*optimise_lengths(p, l, fixed_branches(p), self.problem_of(self.size)))
+
+    def start_rows(self, first: int):
+        """Starts `first .. first + width` (the last group padded with the last start), placed on the mesh."""
+        rows = np.minimum(np.arange(first, first + self.size), self.settings.starts - 1)
+        parents = place_batch(self.start_trees.parents[rows], self.mesh)
+        return rows, parents, place_batch(self.starts[0][rows], self.mesh)
 
     def advance(self) -> bool:
-        if self.stage == "start":  # three steps, a stop point between each: each may compile for seconds
-            parents = place_batch(self.start_batch.parents, self.mesh)
-            lengths = place_batch(search_lengths(self.start_batch.branch_lengths, self.template), self.mesh)
-            self.climb = Climb(parents, *optimise_lengths(parents, lengths, fixed_branches(parents),
-                                                          self.problem_of(self.size), 1e-3))
-            _require_finite_start(self.climb.batch[2], self.problem_of(self.size), self.start_batch, lengths)
-            self.stage = "start-model"
-            return False
-        if self.stage == "start-model":
-            # Lengths first, then the model with them (see `fit`), then the lengths of every start under it.
-            parents, lengths, _ = self.climb.batch
-            self.model, first, _, _, _ = self.refit(parents[0], lengths[0])
-            self.climb, self.stage = Climb(parents, lengths.at[0].set(first), self.climb.batch[2]), "start-lengths"
-            return False
-        if self.stage == "start-lengths":
-            parents, lengths, _ = self.climb.batch
-            lengths, log_l = optimise_lengths(parents, lengths, fixed_branches(parents), self.problem_of(self.size))
-            self.climb, self.stage = Climb(parents, lengths, log_l), "first-climb"
+        if self.stage == "start-model":  # lengths and model together on the first start (see `fit`)
+            parents = self.start_trees.parents[:1]
+            lengths = search_lengths(self.start_trees.branch_lengths, self.template)
+            _require_finite_start(tree_log_likelihoods(parents, lengths[:1], self.problem_of(1)), self.problem_of(1),
+                                  self.start_trees, lengths[:1])
+            self.model, first, log_l, _, _ = self.refit(parents[0], lengths[0])
+            self.starts = (np.array(lengths.at[0].set(first)), np.full(self.settings.starts, -np.inf))
+            self.starts[1][0] = log_l
+            self.stage, self.done = "start-lengths", 1 if self.settings.starts == 1 else 0
             return True
+        if self.stage == "start-lengths":
+            if self.done < self.settings.starts:
+                rows, parents, lengths = self.start_rows(self.done)
+                lengths, log_l = optimise_lengths(parents, lengths, fixed_branches(parents), self.problem_of(self.size))
+                _require_finite_start(log_l, self.problem_of(self.size), self.start_trees, lengths, rows)
+                fresh = np.arange(self.done, self.done + self.size) < self.settings.starts  # not the padding
+                self.starts[0][rows[fresh]] = np.asarray(lengths)[fresh]
+                self.starts[1][rows[fresh]] = np.asarray(log_l)[fresh]
+                self.done += self.size
+                self.trees += int(np.sum(fresh))
+                return self.done >= self.settings.starts
+            self.chosen, self.done = self.best_distinct_starts(), 0
+            self.stage = "first-climb"
+            return False
         if self.stage == "perturb":
             if self.failures >= self.settings.patience or \
                     time.perf_counter() - self.began >= self.settings.max_seconds:
@@ -232,24 +296,49 @@ class _SearchRun:
             p, l = perturb(p, l, self.problem_of(self.size), sub, self.settings.perturbation)
             l, ll = optimise_lengths(p, l, fixed_branches(p), self.problem_of(self.size))
             self.climb, self.stage = Climb(p, l, ll), "perturbed-climb"
+            self.trees += self.size
+            return False
+        if self.climb is None:  # first climb: the next group of the chosen starts
+            rows = self.chosen[self.done: self.done + self.size]
+            parents, lengths = self.start_trees.parents[rows], jnp.asarray(self.starts[0][rows])
+            self.climb = Climb(place_batch(parents, self.mesh), place_batch(lengths, self.mesh),
+                               jnp.asarray(self.starts[1][rows]))
             return False
         if not self.climb.done:
             self.climb.step(self.problem_of, self.settings, self.on_round)
             return False
-        parents, lengths, log_l = self.climb.result()
+        self.candidates.add(*self.climb.result())
+        self.climb = None
         if self.stage == "first-climb":
-            lengths, log_l = self.refit_model_on_best(parents, lengths)
-        self.candidates.add(parents, lengths, log_l)
-        if self.stage == "perturbed-climb":
-            improved = self.candidates.best()[0] > self.before + self.settings.epsilon
-            self.failures = 0 if improved else self.failures + self.size
-        self.climb, self.stage = None, "perturb"
+            self.done += self.size
+            if self.done < len(self.chosen):
+                return True
+            self.refit_model_on_best()
+        else:
+            after = self.candidates.best()[0]
+            self.failures = unsuccessful_trees(self.failures, self.before, after, self.size, self.settings.epsilon)
+            if after > self.before + self.settings.epsilon:
+                self.refit_model_on_best()
+        self.stage = "perturb"
         return True
+
+    def best_distinct_starts(self) -> np.ndarray:
+        """The best starts by log L, distinct topologies only, `top` of them rounded up to whole climbs of
+        `width` (repeating the best ones when there are fewer distinct starts)."""
+        seen, rows = set(), []
+        for k in np.argsort(-self.starts[1], kind="stable"):
+            key = frozenset(x for x in kernel_splits(np.asarray(self.start_trees.parents[k]), self.taxa)
+                            if x is not None)
+            if key not in seen:
+                seen.add(key)
+                rows.append(int(k))
+        count = self.size * -(-min(self.settings.top, len(rows)) // self.size)
+        return np.array([rows[k % len(rows)] for k in range(count)])
 
     def result(self) -> MLResult:
         _, best_p, best_l = self.candidates.best()
-        model, best_l, best_ll, values, iterations = self.refit(best_p, best_l)
-        tree, model = searched_result(best_p, best_l, self.start_batch.taxa, model)
+        model, best_l, best_ll, values, iterations = self.refit(best_p, best_l, FINAL_TOLERANCE)
+        tree, model = searched_result(best_p, best_l, self.taxa, model)
         return MLResult(tree=tree, model=model, log_likelihood=best_ll, iterations=iterations,
                         seconds=time.perf_counter() - self.began, parameters=reported_parameters(values, model),
                         search_rounds=len(self.trace), trace=list(self.trace))
@@ -257,34 +346,41 @@ class _SearchRun:
     def state(self) -> dict:
         """Everything the search needs to go on, as NumPy arrays and Python values (no time: same bytes)."""
         return {"stage": self.stage, "model": [np.asarray(x) for x in jax.tree.leaves(self.model)],
+                "starts": self.starts, "chosen": self.chosen, "done": getattr(self, "done", 0),
                 "candidates": [(sorted_splits(k), ll, np.asarray(p), np.asarray(l))
                                for k, (ll, p, l) in self.candidates.trees.items()],
                 "climb": None if self.climb is None else self.climb.state(), "before": self.before,
-                "key": np.asarray(self.key), "failures": self.failures, "trace": list(self.trace)}
+                "key": np.asarray(self.key), "failures": self.failures, "trace": list(self.trace),
+                "trees": self.trees}
 
     def restore(self, saved: dict) -> None:
         self.stage, self.before, self.failures = saved["stage"], saved["before"], saved["failures"]
+        self.starts, self.chosen, self.done, self.trees = saved["starts"], saved["chosen"], saved["done"], \
+            saved["trees"]
         self.model = jax.tree.unflatten(jax.tree.structure(self.template), [jnp.asarray(x) for x in saved["model"]])
         self.candidates.trees = {frozenset(map(frozenset, k)): (ll, jnp.asarray(p), jnp.asarray(l))
                                  for k, ll, p, l in saved["candidates"]}
         self.climb = None if saved["climb"] is None else Climb(**saved["climb"])
-        self.key, self.trace = jnp.asarray(saved["key"]), list(saved["trace"])
+        self.key, self.trace = jnp.asarray(saved["key"]), [tuple(x) for x in saved["trace"]]
 
 
-def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch, lengths) -> None:
-    """A start tree whose log-likelihood is not finite stops the search with the cause named."""
+def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch, lengths, rows=None) -> None:
+    """A start tree whose log-likelihood is not finite stops the search with the cause named (`rows`: the
+    starts' numbers of the trees in `log_likelihoods`, default 0, 1, ...)."""
     values = np.asarray(log_likelihoods)
     if np.all(np.isfinite(values)):
         return
-    k = int(np.argmax(~np.isfinite(values)))
-    per_pattern = batch_pattern_log_likelihoods(problem.model, batch.parents, lengths, problem.data,
-                                                 problem.widths, problem.dtype)[k]
-    tree = TreeBatch(batch.parents[k:k + 1], batch.branch_lengths[k:k + 1], batch.taxa).to_trees(rooted=False)[0]
-    require_finite(values[k], model=problem.model, tree=tree, per_pattern=per_pattern,
+    j = int(np.argmax(~np.isfinite(values)))
+    k = j if rows is None else int(rows[j])
+    parents = batch.parents[k:k + 1]
+    per_pattern = batch_pattern_log_likelihoods(problem.model, parents, lengths[j:j + 1], problem.data,
+                                                problem.widths, problem.dtype)[0]
+    tree = TreeBatch(parents, batch.branch_lengths[k:k + 1], batch.taxa).to_trees(rooted=False)[0]
+    require_finite(values[j], model=problem.model, tree=tree, per_pattern=per_pattern,
                    where=f"log-likelihood of start tree {k + 1}")
 
 
-def _search_record(alignment, model, start, starts, seed, settings, precision) -> dict:
+def _search_record(alignment, model, start, seed, settings, precision) -> dict:
     """What a search's result depends on: a resumed search must match it."""
     from dataclasses import asdict
 
@@ -292,5 +388,5 @@ def _search_record(alignment, model, start, starts, seed, settings, precision) -
     if isinstance(start, Tree):
         start = hashlib.sha256(repr((start.taxa, list(start.topology.parent),
                                      np.asarray(start.branch_lengths).tolist())).encode()).hexdigest()
-    return {"alignment": data, "model": model_record(model), "start": start, "starts": starts, "seed": seed,
+    return {"alignment": data, "model": model_record(model), "start": start, "seed": seed,
             "settings": {k: str(v) for k, v in asdict(settings).items()}, "precision": precision}

@@ -30,10 +30,11 @@ was divided by: a post-order vector's is its subtree's scale factors
 likelihoods are therefore exact for the tree with those lengths, not an
 approximation (a test checks them against whole-tree evaluations).
 
-The device scores every pruning of a tree, `2 (2^(radius+1) - 2)` regraft
-slots each (the binary paths from `s1` and `s2`; slots past a tip are masked),
-in chunks of prunings, with one compiled program for any topology of N taxa.
-The host then builds the best few as trees, to be re-fitted whole.
+The device scores every pruning of a tree: its real regraft slots (at most
+`2N - 6`, and never more than the `2 (2^(radius+1) - 2)` of the binary paths
+from `s1` and `s2`) packed and computed one after the other (`regrafts`), in
+chunks of prunings, with one compiled program for any topology of N taxa and
+radius. The host then builds the best few as trees, to be re-fitted whole.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def propagate(eigen: EigenSystem, x: Float[Array, "*K C P S"], t: Float[Array, "
 
 
 class Regrafts(eqx.Module):
-    """One pruning's regraft slots (`2 (2^(radius+1) - 2)`): the pruned tree's vectors at both ends of each."""
+    """One pruning's real regraft slots, packed (`slot_capacity`): the pruned tree's vectors at both ends of each."""
 
     x: Int[Array, " R"]
     y: Int[Array, " R"]
@@ -151,30 +152,71 @@ class Regrafts(eqx.Module):
     length: Float[Array, " R"]  # t_xy
 
 
+def padded_slots(radius: int) -> int:
+    """Regraft slots of a pruning on the binary paths from both ends of the joined edge: `2 (2^(radius+1) - 2)`."""
+    return 2 * (2 ** (radius + 1) - 2)
+
+
+def slot_capacity(num_tips: int, radius: int) -> int:
+    """Slots a pruning can really have: the pruned tree has at most `N - 1` taxa, so `2N - 5` edges, one of
+    them the joined edge; fewer than the padded paths once `radius` is past 4 or so (a slot past a tip is
+    never real)."""
+    return max(1, min(padded_slots(radius), 2 * num_tips - 6))
+
+
 def regrafts(tree: UnrootedTree, sides: DirectedPartials, eigen: EigenSystem, u, v, s1, s2, valid, radius: int
              ) -> Regrafts:
-    """Every regraft edge of the pruning of `v`'s side off `(u, v)`, level by level from the joined edge."""
+    """Every regraft edge of the pruning of `v`'s side off `(u, v)`, packed.
+
+    The slots are first enumerated as indices only, level by level along the
+    binary paths from the joined edge (slot `i` of a level continues slot
+    `i // 2` of the one before); the real ones (not past a tip) are packed, in
+    that order, into `slot_capacity` places, and their vectors computed one
+    slot after the other from their predecessor's, so a pruning costs what it
+    has, not the `padded_slots` of a full binary path.
+    """
     n = (tree.parents.shape[0] + 1) // 2
     x, previous = jnp.stack([s1, s2]), jnp.stack([u, u])
-    joined = sides.index(tree, jnp.stack([s2, s1]), previous)
-    incoming = propagate(eigen, sides.vectors[joined], jnp.broadcast_to(tree.length(u, s1) + tree.length(u, s2), (2,)))
-    scale, alive = sides.scales[joined], valid & (x >= n)
-    found = []
-    for _ in range(radius):
+    alive = valid & (x >= n)
+    found, start = [], 0
+    for level in range(radius):
         ahead = tree.forward(x, previous)  # [W, 2]: y for the two slots, and each one's z is the other
         y, z = ahead.reshape(-1), ahead[:, ::-1].reshape(-1)
-        x2, incoming2, scale2, alive2 = (jnp.repeat(a, 2, axis=0) for a in (x, incoming, scale, alive))
-        sibling, away = sides.index(tree, z, x2), sides.index(tree, y, x2)
-        toward = incoming2 * sides.messages[sibling]
-        top = jnp.max(toward, axis=(-3, -1))
+        x2, alive2 = jnp.repeat(x, 2), jnp.repeat(alive, 2)
+        width = y.shape[0]
+        before = jnp.arange(width) // 2 + (start - width // 2 if level else 0)
+        found.append((x2, y, z, alive2, before, jnp.full(width, level)))
+        start += width
+        x, previous, alive = y, x2, alive2 & (y >= n)
+    x, y, z, alive, before, level = (jnp.concatenate(a) for a in zip(*found))
+    capacity = slot_capacity(n, radius)
+    order = jnp.argsort(~alive, stable=True)[:capacity]
+    packed = jnp.zeros(x.shape[0], jnp.int32).at[order].set(jnp.arange(capacity, dtype=jnp.int32))
+    x, y, z, alive, level = x[order], y[order], z[order], alive[order], level[order]
+    before = packed[before[order]]
+    side = order // 2  # level 0: slots 0, 1 leave from s1, slots 2, 3 from s2
+    joined = sides.index(tree, jnp.stack([s2, s1]), jnp.stack([u, u]))
+    incoming = propagate(eigen, sides.vectors[joined], jnp.broadcast_to(tree.length(u, s1) + tree.length(u, s2), (2,)))
+    sibling, away, length = sides.index(tree, z, x), sides.index(tree, y, x), tree.length(x, y)
+
+    def slot(k, carry):
+        toward, projected, scale = carry
+        first, j = level[k] == 0, before[k]
+        into = jnp.where(first, incoming[jnp.minimum(side[k], 1)], from_eigen(eigen, projected[j], length[j]))
+        into_scale = jnp.where(first, sides.scales[joined][jnp.minimum(side[k], 1)], scale[j])
+        vector = into * sides.messages[sibling[k]]
+        top = jnp.max(vector, axis=(-3, -1))
         top = jnp.where(top > 0, top, 1.0)
-        toward, scale2 = toward / top[..., None, :, None], scale2 + sides.scales[sibling] + jnp.log(top)
-        length, projected = tree.length(x2, y), to_eigen(eigen, toward)
-        found.append(Regrafts(x2, y, alive2, toward, from_eigen(eigen, projected, length / 2), away,
-                              scale2 + sides.scales[away], length))
-        incoming = from_eigen(eigen, projected, length)
-        x, previous, scale, alive = y, x2, scale2, alive2 & (y >= n)
-    return jax.tree.map(lambda *a: jnp.concatenate(a), *found)
+        vector = vector / top[None, :, None]
+        return toward.at[k].set(vector), projected.at[k].set(to_eigen(eigen, vector)), \
+            scale.at[k].set(into_scale + sides.scales[sibling[k]] + jnp.log(top))
+
+    shape = (capacity,) + sides.vectors.shape[1:]
+    empty = jnp.zeros(shape, sides.vectors.dtype)
+    toward, projected, scale = jax.lax.fori_loop(0, capacity, slot, (empty, empty, jnp.zeros(
+        (capacity,) + sides.scales.shape[1:], sides.scales.dtype)))
+    return Regrafts(x, y, alive, toward, from_eigen(eigen, projected, length / 2), away, scale + sides.scales[away],
+                    length)
 
 
 class SPRScores(eqx.Module):
@@ -271,7 +313,7 @@ def spr_scores(parents: Int[Array, " M"], lengths: Float[Array, "M *K"], model, 
     # Prunings in chunks, so that the `[K_g, J, R, C, P, S]` vectors of a chunk stay near `CHUNK_BYTES`.
     count = 3 * (m - n)
     per_slot = sum(int(np.prod(s.partials.post.shape[3:])) * len(s.parts) for s in sources)
-    slots_per_pruning = 2 * (2 ** (radius + 1) - 2)
+    slots_per_pruning = slot_capacity(n, radius)
     chunk = max(1, min(count, CHUNK_BYTES // (6 * 8 * per_slot * slots_per_pruning)))
     chunks = -(-count // chunk)
     order = jnp.minimum(jnp.arange(chunks * chunk), count - 1).reshape(chunks, chunk)

@@ -23,7 +23,11 @@ from ._kernel_form import (
     unrooted as unrooted,
 )
 from ._neighbor_joining import bionj as bionj, neighbor_joining as neighbor_joining
-from ._parsimony import parsimony_score as parsimony_score, parsimony_tree as parsimony_tree
+from ._parsimony import (
+    parsimony_score as parsimony_score,
+    parsimony_tree as parsimony_tree,
+    parsimony_trees as parsimony_trees,
+)
 from ._schedule import (
     Schedule as Schedule,
     build_schedule as build_schedule,
