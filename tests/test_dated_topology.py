@@ -56,7 +56,8 @@ def coalescent_reference():
     # 30,000 generations gave 0.004-0.0105 over four seeds: too close to the bound to tell a wrong kernel
     ({"narrow_exchange": 1, "subtree_slide": 1, "node_height": 1, "root_height": 1}, 60_000),
     ({"wide_exchange": 1, "wilson_balding": 1, "hmc": 1}, 30_000),
-    ({"subtree_slide": 1}, 120_000),  # alone it mixes slowly
+    # alone it mixes slowly: at 120,000 the root height's sd came within 0.3-3.2% of simulation over four seeds
+    ({"subtree_slide": 1}, 240_000),
 ])
 def test_tree_moves_and_hmc_recover_the_serial_coalescent(moves, generations, coalescent_reference):
     """Prior only, theta = 1, tips at four heights: every ranked topology's frequency within 0.01 of direct
