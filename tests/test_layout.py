@@ -153,3 +153,14 @@ def test_tests_and_benchmarks_use_public_names(script):
         private += [f"line {node.lineno}: {n}" for n in names
                     if n.split(".")[0] == "jaxphylo" and any(part.startswith("_") for part in n.split(".")[1:])]
     assert not private, private
+
+
+def test_importing_jaxphylo_starts_no_backend():
+    """Nothing runs on a device at import (a module-level `jnp` value would): `jaxphylo --distributed` must call
+    `jax.distributed.initialize()` before any backend starts."""
+    import subprocess
+    import sys
+
+    code = "import jax._src.xla_bridge as xb, jaxphylo, jaxphylo.cli; print(bool(xb._backends))"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "False", run.stdout + run.stderr

@@ -14,6 +14,8 @@ density.
 
 from __future__ import annotations
 
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -21,7 +23,7 @@ from jaxtyping import Array, Float, Int
 
 from ._graph import TreeEncoder, edge_nodes
 
-START_LOG_LENGTH = jnp.log(0.1)  # the prior's mean, Exponential(10): where every edge starts
+START_LOG_LENGTH = math.log(0.1)  # the prior's mean, Exponential(10): where every edge starts
 
 
 class LengthModel(eqx.Module):
