@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ..data import Alphabet
 from ..runtime import product_precision
 
 
