@@ -197,3 +197,20 @@ def check_spr_scores(alignment, model, data, trees, lengths, radius: int, log_l)
     np.testing.assert_allclose(log_l(parents, new_lengths) - log_l(trees.parents, lengths)[0],
                                gains[np.isfinite(gains)], atol=1e-8)
     return scores
+
+
+def six_dated_tips(tmp_path: Path, sites: int):
+    """Six tips sampled from 1999 to 2015 (the latest dated only to its year, written to `tmp_path/dates.tsv`), a
+    time tree on them and a JC alignment of `sites` simulated on it: `(alignment, tree, tip dates)`."""
+    from jaxphylo.inference import branch_durations, ratios_to_heights, time_tree
+
+    taxa = [f"s{i}" for i in range(6)]
+    topology = jp.random_topology_tree(taxa, seed=5).topology
+    dates = np.array([2015.5, 2010.25, 2004.75, 2008.5, 1999.0, 2001.5])
+    time = time_tree(topology, dates.max() - dates)
+    heights = ratios_to_heights(time, jnp.asarray(10.0), jnp.full(time.num_internal - 1, 0.5))
+    tree = jp.Tree(branch_durations(time, heights), topology)
+    alignment = jp.simulate(jp.Tree(0.01 * tree.branch_lengths, topology), jp.parse_model("JC"), sites, seed=1)
+    (tmp_path / "dates.tsv").write_text("taxon\tdate\n" + "".join(f"{t}\t{d}\n" for t, d in zip(taxa, dates))
+                                        .replace("2015.5", "2015"))
+    return alignment, tree, jp.io.read_tip_dates(tmp_path / "dates.tsv")

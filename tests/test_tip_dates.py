@@ -18,6 +18,7 @@ from numpyro.infer import MCMC, NUTS, init_to_value
 from numpyro.infer.util import initialize_model, log_density, potential_energy
 
 import jaxphylo as jp
+from conftest import six_dated_tips
 from jaxphylo.inference import (
     Analysis, ConstantCoalescent, RatioTransform, branch_durations, node_anchors, prepare, ratios_to_heights,
     sample_tip_heights, time_tree,
@@ -196,16 +197,8 @@ def test_interval_prior_recovered_from_the_prior_of_the_dated_model(tmp_path):
     """`prepare`'s coalescent model, likelihood removed, population size fixed: the latest tip, dated only to
     the year 2015, is alone in its window (every other tip is older than 2011), so the coalescent's density
     of the node heights does not depend on its date and the date's marginal is exactly Uniform(2015, 2016)."""
-    taxa = [f"s{i}" for i in range(6)]
-    topology = jp.random_topology_tree(taxa, seed=5).topology
-    dates = np.array([2015.5, 2010.25, 2004.75, 2008.5, 1999.0, 2001.5])
-    time = time_tree(topology, dates.max() - dates)
-    heights = ratios_to_heights(time, jnp.asarray(10.0), jnp.full(time.num_internal - 1, 0.5))
-    tree = jp.Tree(branch_durations(time, heights), topology)
-    alignment = jp.simulate(jp.Tree(0.01 * tree.branch_lengths, topology), jp.parse_model("JC"), 50, seed=1)
-    (tmp_path / "dates.tsv").write_text("taxon\tdate\n" + "".join(f"{t}\t{d}\n" for t, d in zip(taxa, dates))
-                                        .replace("2015.5", "2015"))
-    prepared = prepare(alignment, tree, Analysis("JC", clock="strict"), read_tip_dates(tmp_path / "dates.tsv"))
+    alignment, tree, dates = six_dated_tips(tmp_path, 50)
+    prepared = prepare(alignment, tree, Analysis("JC", clock="strict"), dates)
     assert prepared.reference == 2016.0 and list(prepared.time.free_tips) == [0]
     prior = handlers.condition(handlers.block(prepared.model, hide=["alignment"]), {"population_size": 10.0})
     init = {k: v for k, v in prepared.init.items() if k != "population_size"}

@@ -13,7 +13,8 @@ from numpyro import handlers
 from numpyro.infer.util import log_density
 
 import jaxphylo as jp
-from jaxphylo.inference import Analysis, branch_durations, prepare, ratios_to_heights, time_tree
+from conftest import six_dated_tips
+from jaxphylo.inference import Analysis, prepare, ratios_to_heights, time_tree
 from jaxphylo.inference.priors import (
     ConstantCoalescent, ExponentialCoalescent, coalescent_times_log_density, exponential_coalescent_times_log_density,
 )
@@ -105,16 +106,8 @@ def test_exponential_growth_gradient_against_finite_differences(g):
 
 def dated_analysis(tmp_path, analysis):
     """`prepare`'s model for six dated tips (one dated only to a year, so a tip height is sampled too)."""
-    taxa = [f"s{i}" for i in range(6)]
-    topology = jp.random_topology_tree(taxa, seed=5).topology
-    dates = np.array([2015.5, 2010.25, 2004.75, 2008.5, 1999.0, 2001.5])
-    time = time_tree(topology, dates.max() - dates)
-    heights = ratios_to_heights(time, jnp.asarray(10.0), jnp.full(time.num_internal - 1, 0.5))
-    tree = jp.Tree(branch_durations(time, heights), topology)
-    alignment = jp.simulate(jp.Tree(0.01 * tree.branch_lengths, topology), jp.parse_model("JC"), 40, seed=1)
-    (tmp_path / "dates.tsv").write_text("taxon\tdate\n" + "".join(f"{t}\t{d}\n" for t, d in zip(taxa, dates))
-                                        .replace("2015.5", "2015"))
-    return prepare(alignment, tree, analysis, jp.io.read_tip_dates(tmp_path / "dates.tsv"))
+    alignment, tree, dates = six_dated_tips(tmp_path, 40)
+    return prepare(alignment, tree, analysis, dates)
 
 
 def prior_of(prepared):
