@@ -211,19 +211,37 @@ def test_a_second_identical_call_traces_nothing(tmp_path, capsys):
     assert printed[0] == printed[1]
 
 
-def test_the_host_schedule_is_the_device_schedule():
+def test_the_host_schedule_packs_and_runs_the_device_schedules_program():
+    """One known tree's packed host schedule has the device (level) schedule's shapes, so the program compiled for
+    one runs the other; it uses no more slots or steps, and gives the same log L and gradient (float64, to
+    rounding: the same products summed in another order)."""
+    import jax.numpy as jnp
     import numpy as np
 
-    from jaxphylo.tree import binarize, device_schedule, host_schedule, phase_widths
+    from jaxphylo.likelihood import pattern_data, schedule_pattern_log_likelihoods
+    from jaxphylo.tree import binarize, branch_index, device_schedule, host_schedule, phase_widths, trim_slots
 
-    for n in (5, 12, 27):
-        parents = np.stack([binarize(jp.random_topology_tree([f"t{k}" for k in range(n)], seed=seed).topology)[0]
-                            for seed in range(3)])
-        for max_width in (None, 2):
-            widths = phase_widths(n, max_width)
-            device = jax.device_get(device_schedule(jax.numpy.asarray(parents), widths))
-            for b, parent in enumerate(parents):
-                host = host_schedule(parent, widths)
-                for name in ("children", "layout", "steps", "offsets", "root_row"):
-                    a, d = getattr(host, name), getattr(device, name)[b:b + 1]
-                    assert a.dtype == d.dtype and np.array_equal(a, d), (n, b, max_width, name)
+    model = jp.parse_model("HKY{2}+F{.3,.2,.2,.3}+G4{0.5}")
+    for n, max_width in ((5, None), (27, None), (27, 2), (200, 16), (200, 64)):
+        tree = jp.random_topology_tree([f"t{k}" for k in range(n)], seed=n)
+        parent = np.asarray(binarize(tree.topology)[0])
+        widths = phase_widths(n, max_width)
+        host = host_schedule(parent, widths)
+        device = jax.device_get(device_schedule(jnp.asarray(parent[None]), widths))
+        for name in ("children", "layout", "steps", "offsets", "root_row"):
+            a, d = getattr(host, name), getattr(device, name)
+            assert a.shape == d.shape and a.dtype == d.dtype, (n, name)
+        assert trim_slots(host).num_slots <= trim_slots(device).num_slots
+        assert host.steps.sum() <= device.steps.sum()
+        alignment = jp.simulate(tree, model, 60, seed=0)
+        data, index = pattern_data(alignment, tree), branch_index(tree.topology)
+        run = jax.jit(jax.value_and_grad(lambda lengths, schedule: jnp.sum(data.weights * schedule_pattern_log_likelihoods(
+            model, lengths, data, schedule, index, jnp.float64))))
+        (value, grad), (expected, expected_grad) = run(tree.branch_lengths, host), run(tree.branch_lengths, device)
+        assert run._cache_size() == 1, "both schedules run one program"
+        assert float(value) == pytest.approx(float(expected), rel=1e-13)
+        np.testing.assert_allclose(grad, expected_grad, rtol=1e-10, atol=1e-12)
+    # 1,000 random taxa at width 64: the levels pad to 1,340 slots in 36 steps, the packed steps to about 1,040 in 24.
+    tree = jp.random_topology_tree([f"t{k}" for k in range(1000)], seed=0)
+    packed = trim_slots(host_schedule(np.asarray(binarize(tree.topology)[0]), phase_widths(1000, 64)))
+    assert packed.num_slots <= 1060 and packed.steps.sum() <= 26
