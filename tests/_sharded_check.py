@@ -2,6 +2,8 @@
 
     XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/_sharded_check.py meshes
     XLA_FLAGS=--xla_force_host_platform_device_count=2 python tests/_sharded_check.py distributed PORT ID
+    XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_dump_to=DIR" JAXPHYLO_CPU_LIBRARY=none \
+        python tests/_sharded_check.py collectives ALIGNMENT DIR
 
 `meshes` compares, on 1x4, 2x2 and 4x1 meshes, the log-likelihood and its
 gradient (branch lengths and every model leaf) of one tree and of a batch of
@@ -9,12 +11,16 @@ four trees with the unsharded functions, and prints one JSON line of the
 largest absolute differences. `distributed` is one of two processes joined by
 `jax.distributed` on localhost (CPU collectives: gloo), whose four devices
 together hold the pattern shards; it prints the sharded and the
-single-process values. `tests/test_sharding.py` runs both and asserts on them.
+single-process values. `collectives` runs a bootstrap and an MC³ run with a
+run per device (mesh batch 4 x patterns 1, the XLA kernels as on a GPU) and
+counts, in every program XLA compiled (dumped to DIR), the collectives it
+put in. `tests/test_sharding.py` runs them and asserts on them.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -163,12 +169,42 @@ def runs(alignment_path: str, reference: str) -> dict:
     return result
 
 
+def collectives(alignment_path: str, dump: str) -> dict:
+    """Compile and run bootstraps (8 replicates, lengths fitted by L-BFGS and by Newton steps) and MC³ (4 runs x 2 chains) on a mesh of 4 x 1; then, per
+    program XLA compiled, how many all-gathers, all-reduces, collective permutes and all-to-alls it holds."""
+    import jax
+
+    import jaxphylo as jp
+    from jaxphylo import ml
+
+    alignment = jp.read_alignment(alignment_path)
+    mesh = jp.device_mesh(batch=4, patterns=1)
+    fitted = ml.fit(alignment, jp.bionj(jp.distances(alignment), alignment.taxa), "HKY")
+    for method in ("lbfgs", "newton"):  # a CPU's default and a GPU's
+        ml.bootstrap(alignment, fitted, replicates=8, seed=1, settings=ml.SearchSettings(lengths_method=method),
+                     mesh=mesh)
+    jp.inference.mc3(alignment, "HKY", runs=4, chains=2, generations=20, sample_every=10, seed=1, mesh=mesh)
+    counts, compiled = {}, set()
+    for path in sorted(Path(dump).glob("*after_optimizations.txt")):
+        text = path.read_text()
+        module, name = path.name.split(".")[:2]
+        compiled.add(name)
+        found = {op: len(re.findall(rf" {op}(-start)?\(", text))
+                 for op in ("all-gather", "all-reduce", "collective-permute", "all-to-all")}
+        if any(found.values()):
+            counts[f"{module}.{name}"] = found
+    return {"devices": len(jax.devices()), "cpu_kernel": jp.likelihood.kernels.cpu_wanted(),
+            "compiled": sorted(compiled), "programs": counts}
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "meshes":
         print(json.dumps(meshes()))
     elif mode == "runs":
         print(json.dumps(runs(sys.argv[2], sys.argv[3])))
+    elif mode == "collectives":
+        print(json.dumps(collectives(sys.argv[2], sys.argv[3])))
     elif mode == "distributed":
         print(json.dumps(distributed(int(sys.argv[2]), int(sys.argv[3]))))
     else:

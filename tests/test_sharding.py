@@ -26,9 +26,9 @@ HELPER = Path(__file__).with_name("_sharded_check.py")
 TOLERANCE = 1e-10
 
 
-def _environment(devices: int) -> dict:
+def _environment(devices: int, xla_flags: str = "") -> dict:
     flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", os.environ.get("XLA_FLAGS", ""))
-    return dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices}".strip(),
+    return dict(os.environ, XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={devices} {xla_flags}".strip(),
                 JAX_PLATFORMS="cpu")
 
 
@@ -66,11 +66,11 @@ class _Helpers:
     def __init__(self, folder: Path):
         self.folder, self.processes = folder, {}
 
-    def start(self, name: str, arguments: list[str], devices: int) -> None:
+    def start(self, name: str, arguments: list[str], devices: int, xla_flags: str = "", **environment) -> None:
         with open(self.folder / f"{name}.out", "w") as out, open(self.folder / f"{name}.err", "w") as err:
             command = [sys.executable, str(HELPER), *arguments]
-            self.processes[name] = subprocess.Popen(command, env=_environment(devices), stdout=out, stderr=err,
-                                                    text=True)
+            self.processes[name] = subprocess.Popen(command, env=dict(_environment(devices, xla_flags), **environment),
+                                                    stdout=out, stderr=err, text=True)
 
     def start_command(self, name: str, command: list[str], devices: int, **environment) -> None:
         """Any command (a `jaxphylo` CLI process), with more environment variables."""
@@ -110,6 +110,10 @@ def helpers(tmp_path_factory):
                             jp.parse_model("HKY{3}+G4{0.5}"), 201, seed=2)
     (folder / "aln.fasta").write_text("".join(f">{t}\n{x}\n" for t, x in zip(alignment.taxa, alignment.sequences)))
     launched.start("runs", ["runs", str(folder / "aln.fasta"), str(folder / "reference")], 4)
+    # The XLA kernels, as on a GPU (the C++ kernel's custom call is never partitioned), every program compiled
+    # afresh (a program read from the compilation cache is not dumped).
+    launched.start("collectives", ["collectives", str(folder / "aln.fasta"), str(folder / "dump")], 4,
+                   f"--xla_dump_to={folder / 'dump'}", JAXPHYLO_CPU_LIBRARY="none", JAXPHYLO_CACHE_DIR="off")
     if _cpu_collectives_reason() is None:
         port, mcmc_port = _free_port(), _free_port()
         for i in range(2):
@@ -134,6 +138,23 @@ def test_bootstrap_searches_and_nuts_on_meshes_equal_one_device(helpers):
     assert result["bootstrap"]["supports_equal"] and result["bootstrap"]["rf"] == 0
     assert result["bootstrap"]["lengths"] <= 1e-6  # L-BFGS stops where the rounding of its steps leaves it
     assert result["nuts"] <= 1e-4
+
+
+def test_a_batch_split_over_devices_stays_split(helpers):
+    """MC³ (a run per device) and bootstrap replicates (two per device) on a mesh of 4 x 1: the programs that
+    start and run the chains (`full_partials`, `run_block`), fit the replicates' lengths (`lbfgs_lengths`,
+    `newton_lengths`) and score their NNIs (`_propose`) move no trees' data between devices: no all-gather, collective permute or all-to-all, only
+    all-reduces of loop conditions (a batch's loops run as long as its longest member). Trees indexed by an
+    index array over the batch made XLA gather every device's partials onto every device, so that each GPU
+    computed the whole batch: bootstrap time grew with the number of GPUs (issue #41)."""
+    result = helpers.finish("collectives", timeout=900)
+    assert result["devices"] == 4 and not result["cpu_kernel"]
+    wanted = {"jit_full_partials", "jit_run_block", "jit_lbfgs_lengths", "jit_newton_lengths", "jit__propose"}
+    assert wanted <= set(result["compiled"])
+    for program, counts in result["programs"].items():
+        if program.split(".", 1)[1] in wanted:
+            assert counts["all-gather"] == counts["collective-permute"] == counts["all-to-all"] == 0, (program,
+                                                                                                     counts)
 
 
 def test_two_process_mcmc_writes_once_and_equals_one_device(helpers):

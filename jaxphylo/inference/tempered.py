@@ -53,13 +53,17 @@ def _swap_heats(key, state: TemperedState, beta, runs: int, chains: int) -> Temp
     k1, k2, k3 = jax.random.split(key, 3)
     i = jax.random.randint(k1, (runs,), 0, chains)
     j = (i + 1 + jax.random.randint(k2, (runs,), 0, chains - 1)) % chains
-    heat = state.heat.reshape(runs, chains)
+    draw = jax.random.uniform(k3, (runs,))
     log_post = (state.chains.log_likelihood + state.chains.log_prior).reshape(runs, chains)
-    rows = jnp.arange(runs)
-    hi, hj = heat[rows, i], heat[rows, j]
-    log_ratio = (beta[hi] - beta[hj]) * (log_post[rows, j] - log_post[rows, i])
-    accept = jnp.log(jax.random.uniform(k3, (runs,))) < log_ratio
-    heat = heat.at[rows, i].set(jnp.where(accept, hj, hi)).at[rows, j].set(jnp.where(accept, hi, hj))
-    low, high = jnp.minimum(hi, hj), jnp.maximum(hi, hj)
-    return TemperedState(state.chains, heat.reshape(-1), state.swaps_tried.at[rows, low, high].add(1),
-                         state.swaps_accepted.at[rows, low, high].add(accept.astype(jnp.int32)))
+
+    def one_run(heat, log_post, tried, accepted, i, j, draw):
+        # Per run under vmap, so that runs split over devices stay split (see `runtime.take_per_tree`).
+        hi, hj = heat[i], heat[j]
+        accept = jnp.log(draw) < (beta[hi] - beta[hj]) * (log_post[j] - log_post[i])
+        heat = heat.at[i].set(jnp.where(accept, hj, hi)).at[j].set(jnp.where(accept, hi, hj))
+        low, high = jnp.minimum(hi, hj), jnp.maximum(hi, hj)
+        return heat, tried.at[low, high].add(1), accepted.at[low, high].add(accept.astype(jnp.int32))
+
+    heat, tried, accepted = jax.vmap(one_run)(state.heat.reshape(runs, chains), log_post, state.swaps_tried,
+                                              state.swaps_accepted, i, j, draw)
+    return TemperedState(state.chains, heat.reshape(-1), tried, accepted)

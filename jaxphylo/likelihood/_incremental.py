@@ -125,6 +125,7 @@ def _update(model, parents, lengths, data, dtype, per_tree_models, partials, log
     return NodePartials(partials, log_scales, buffer.astype(jnp.int8), counts), per_pattern
 
 
+@eqx.filter_jit  # called eagerly when a sampler starts: one program, not an op-by-op loop compiled per call
 def full_partials(model: Model, parents: Int[Array, "B M"], lengths: Float[Array, "B M"], data: PatternData,
                   dtype, per_tree_models: bool = False) -> tuple[NodePartials, Float[Array, "B patterns"]]:
     """Every internal node's partials (buffer 0 current) and `log L_c [B, patterns]`: a chain's first state.

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from ..runtime import add_per_tree
 from ..tree import device_schedule, mask_like
 from ..likelihood import (
     batch_layout_lengths, batch_pattern_log_likelihoods, derivatives_from_arrays, group_kernel_arrays,
@@ -38,9 +39,8 @@ def node_branch_derivatives(parents: Int[Array, "B M"], lengths: Float[Array, "B
         layout = batch_layout_lengths(lengths, schedule)
         first, second, log_l = layout_branch_derivatives(model, layout, data, weights, schedule, dtype)
     batch, m = parents.shape
-    rows = jnp.arange(batch)[:, None]
-    to_nodes = lambda per_id: jnp.zeros((batch, m + 1) + per_id.shape[2:], per_id.dtype).at[  # noqa: E731
-        rows, schedule.layout].add(per_id)[:, :m]
+    to_nodes = lambda per_id: add_per_tree(  # noqa: E731
+        jnp.zeros((batch, m + 1) + per_id.shape[2:], per_id.dtype), schedule.layout, per_id)[:, :m]
     return to_nodes(first), to_nodes(second), log_l
 
 
@@ -75,11 +75,12 @@ def newton_lengths(parents: Int[Array, "B M"], lengths: Float[Array, "B M *K"], 
     batch = parents.shape[0]
 
     def log_likelihoods(candidates):
+        # Tree-major (a tree's candidates beside it), so that trees split over devices stay on theirs.
         k = len(FRACTIONS)
-        per = batch_pattern_log_likelihoods(problem.model, jnp.tile(parents, (k, 1)),
-                                             candidates.reshape((k * batch,) + lengths.shape[1:]),
+        per = batch_pattern_log_likelihoods(problem.model, jnp.repeat(parents, k, axis=0),
+                                             jnp.swapaxes(candidates, 0, 1).reshape((batch * k,) + lengths.shape[1:]),
                                              problem.data, problem.widths, problem.dtype)
-        return jnp.sum(jnp.tile(problem.weights, (k, 1)) * per, axis=-1).reshape(k, batch)
+        return jnp.sum(jnp.repeat(problem.weights, k, axis=0) * per, axis=-1).reshape(batch, k).T
 
     def sweep(state):
         lengths, _, gain, k = state

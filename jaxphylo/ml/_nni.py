@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from ..runtime import product_precision
+from ..runtime import product_precision, set_per_tree
 from ..tree import device_schedule, kernel_children, mask_like
 from ..likelihood import batch_layout_lengths, group_kernel_arrays, kernel_arrays, part_layout_lengths
 from ..likelihood.kernels import (
@@ -70,9 +70,9 @@ class TreePartials(eqx.Module):
         post, log_scales = post_order_partials(transition, codes, table, schedule)
         pre, _ = pre_order_partials(transition, pi, category_weights, post, codes, table, schedule)
         batch, m = parents.shape
-        rows = jnp.arange(batch)[:, None]
         ids = jnp.arange(schedule.layout.shape[1], dtype=jnp.int32)
-        ids = jnp.zeros((batch, m + 1), jnp.int32).at[rows, schedule.layout].set(ids[None])
+        ids = set_per_tree(jnp.zeros((batch, m + 1), jnp.int32), schedule.layout,
+                           jnp.broadcast_to(ids, schedule.layout.shape))
         log_l = log_likelihoods_from(post, log_scales, pi, category_weights, schedule)
         return TreePartials(transition, post, pre, codes, table, ids, pi, category_weights,
                             subtree_log_scales(log_scales, schedule), log_l, (m + 1) // 2)
@@ -346,9 +346,8 @@ def apply_nnis(parents, lengths, scores: NNIScores, chosen: Bool[Array, "B K"], 
     batch, m = parents.shape
     v, u, s, a, b = (scores.nodes[..., i] for i in range(5))
     x = jnp.where(which == 0, a, b)
-    rows = jnp.arange(batch)[:, None]
     drop = lambda nodes: jnp.where(chosen, nodes, m)
-    parents = parents.at[rows, drop(x)].set(u, mode="drop").at[rows, drop(s)].set(v, mode="drop")
+    parents = set_per_tree(set_per_tree(parents, drop(x), u, mode="drop"), drop(s), v, mode="drop")
     fitted = jnp.take_along_axis(scores.lengths, mask_like(which[..., None], scores.lengths), axis=2)[:, :, 0]
-    lengths = lengths.at[rows, drop(v)].set(fitted, mode="drop")  # [B, E] or, unlinked, [B, E, K]
+    lengths = set_per_tree(lengths, drop(v), fitted, mode="drop")  # [B, E] or, unlinked, [B, E, K]
     return parents, lengths

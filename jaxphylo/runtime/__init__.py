@@ -35,6 +35,7 @@ from ._driver import BlockRun as BlockRun, from_numpy as from_numpy, to_numpy as
 from ._distributed import join_processes as join_processes, mirror_outputs as mirror_outputs
 from ._mesh import (
     AXES as AXES,
+    add_per_tree as add_per_tree,
     MIN_PATTERNS_PER_DEVICE as MIN_PATTERNS_PER_DEVICE,
     default_mesh_shape as default_mesh_shape,
     device_mesh as device_mesh,
@@ -43,6 +44,8 @@ from ._mesh import (
     place_batch as place_batch,
     replicate as replicate,
     run_mesh as run_mesh,
+    set_per_tree as set_per_tree,
+    take_per_tree as take_per_tree,
     to_device as to_device,
     to_host as to_host,
 )

@@ -1,6 +1,7 @@
 """Device meshes and placing arrays on them: the two named axes `("batch", "patterns")` every multi-device
 run uses, the default shape for a problem, and copies or splits of host arrays that also work across the
-processes of `jax.distributed` (`replicate`, `place_batch`, `to_host`)."""
+processes of `jax.distributed` (`replicate`, `place_batch`, `to_host`), and per-tree indexing that keeps a
+split batch split (`take_per_tree`, `set_per_tree`, `add_per_tree`)."""
 
 from __future__ import annotations
 
@@ -123,6 +124,27 @@ def place_batch(x, mesh: Mesh | None):
         return _put(leaf, NamedSharding(mesh, PartitionSpec("batch") if split else PartitionSpec()))
 
     return jax.tree_util.tree_map(place, x)
+
+
+def take_per_tree(x: jax.Array, index) -> jax.Array:
+    """`x[b, index[b]]` for every tree `b` (`index` an array or a tuple of them, one per indexed axis).
+
+    Written per tree under `vmap`, so the gather has a batch dimension: XLA's
+    SPMD partitioner then keeps a batch split over devices split, where
+    `x[arange(B)[:, None], index]` makes it gather every device's trees onto
+    every device (each GPU would compute the whole batch).
+    """
+    return jax.vmap(lambda a, i: a[i])(x, index)
+
+
+def set_per_tree(x: jax.Array, index, values, **kwargs) -> jax.Array:
+    """`x[b, index[b]] = values[b]` for every tree (see `take_per_tree`; `kwargs` go to `.at[].set`)."""
+    return jax.vmap(lambda a, i, v: a.at[i].set(v, **kwargs))(x, index, values)
+
+
+def add_per_tree(x: jax.Array, index, values) -> jax.Array:
+    """`x[b, index[b]] += values[b]` for every tree (see `take_per_tree`)."""
+    return jax.vmap(lambda a, i, v: a.at[i].add(v))(x, index, values)
 
 
 def run_mesh(devices=None, mesh_shape: tuple[int | None, int | None] = (None, None), *, trees: int = 1,

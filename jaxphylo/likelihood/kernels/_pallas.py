@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
-from ...runtime import product_precision
+from ...runtime import add_per_tree, product_precision, set_per_tree
 from ...tree import Schedule
 from . import _pallas_blocks, _pallas_vectors
 from ._pallas_blocks import padded_states
@@ -236,11 +236,10 @@ def transition_cotangents(
     c, s = transition.shape[2], transition.shape[-1]
     layout, interpret = _Layout.of(s), _interpret(interpret)
     transition = _pad_states(transition, (3, 4), layout.states)
-    batch = jnp.arange(b)
     root = category_weights[:, :, None] * _pad_states(root_frequencies, (1,), layout.states)[:, None, :]  # [B, C, S]
     root = root[:, None, :, None, :] if layout.blocks else root[:, None, :, :, None]
     q = jnp.ones(tiled.partials.shape, transition.dtype)
-    q = q.at[batch, schedule.root_row].set(jnp.broadcast_to(root, (b,) + tiled.partials.shape[2:]))
+    q = set_per_tree(q, schedule.root_row, jnp.broadcast_to(root, (b,) + tiled.partials.shape[2:]))
     cotangent = _tiled(pattern_cotangent.astype(transition.dtype), tiles, layout.tile, 0.0)
     inputs = ("start", "real", "root_row", "children", "transition", "tips", "partials", "cotangent", "q")
     arguments = (schedule.root_row.astype(jnp.int32), schedule.children.astype(jnp.int32), transition,
@@ -264,7 +263,7 @@ def transition_cotangents(
         _, d = level_loop(schedule, body, (q, d), reverse=True, static_steps=static_steps)
     per_row = jnp.sum(d[:, :-1], axis=2)  # [B, slots, 2, C, S, S]
     children = schedule.children
-    return jnp.zeros_like(transition).at[batch[:, None, None], children].add(per_row)
+    return add_per_tree(jnp.zeros_like(transition), children, per_row)
 
 
 def _block_cotangents(call, inputs, arguments, q, schedule: Schedule, static_steps):
@@ -273,7 +272,6 @@ def _block_cotangents(call, inputs, arguments, q, schedule: Schedule, static_ste
 
     transition = arguments[2]
     b, _, tiles, c, tile, s = q.shape
-    batch = jnp.arange(b)[:, None, None]
 
     def body(carry, start, real, width):
         q, d = carry
@@ -285,7 +283,7 @@ def _block_cotangents(call, inputs, arguments, q, schedule: Schedule, static_ste
         q, s_pairs, p_pairs, alpha = step(start.astype(jnp.int32), real.astype(jnp.int32), *arguments, q)
         contribution = jnp.einsum("bwktcpi,bwtp,bwktcpj->bwkcij", s_pairs, alpha, p_pairs,
                                   precision=product_precision())
-        return q, d.at[batch, step_children(schedule, start, width)].add(contribution)
+        return q, add_per_tree(d, step_children(schedule, start, width), contribution)
 
     _, d = level_loop(schedule, body, (q, jnp.zeros_like(transition)), reverse=True, static_steps=static_steps)
     return d

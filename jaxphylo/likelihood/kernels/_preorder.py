@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ...runtime import product_precision
+from ...runtime import add_per_tree, product_precision, set_per_tree
 from ...tree import Schedule
 from ._walk import gather_rows, level_loop, step_children
 from ._xla import apply_transition, child_partials, rescale
@@ -46,9 +46,9 @@ def pre_order_partials(
     """
     num_tips = schedule.num_tips
     sentinel = num_tips + schedule.num_slots
-    batch = jnp.arange(partials.shape[0])
     root = (category_weights[:, :, None] * root_frequencies[:, None, :])[:, :, None, :]
-    q = jnp.ones_like(partials).at[batch, schedule.root_row].set(jnp.broadcast_to(root, partials.shape[:1] + partials.shape[2:]))
+    q = set_per_tree(jnp.ones_like(partials), schedule.root_row,
+                     jnp.broadcast_to(root, partials.shape[:1] + partials.shape[2:]))
 
     def body(carry, start, real, width):
         q, accumulator = carry
@@ -68,16 +68,10 @@ def pre_order_partials(
         # so the rows written are distinct and the scatter needs no ordering between its updates.
         kept = (children >= num_tips) & (children != sentinel)
         rows = jnp.where(kept, children - num_tips, q.shape[1])
-        q = q.at[batch[:, None, None], rows].set(rescale(up)[0], mode="drop", unique_indices=True)
+        q = set_per_tree(q, rows, rescale(up)[0], mode="drop", unique_indices=True)
         return q, accumulator
 
     return level_loop(schedule, body, (q, accumulator), reverse=True, static_steps=static_steps)
-
-
-def _add_to_children(total, children, values):
-    """`total[b, children[b, w, k]] += values[b, w, k]` for every tree of the batch."""
-    batch = jnp.arange(total.shape[0])[:, None, None]
-    return total.at[batch, children].add(values)
 
 
 def transition_cotangent_visitor(pattern_cotangent: Float[Array, "B patterns"], num_tips: int, tips: bool = True):
@@ -87,14 +81,14 @@ def transition_cotangent_visitor(pattern_cotangent: Float[Array, "B patterns"], 
     def visit(accumulator, children, s, p, up, inverse_norm):
         d_transition, d_tips = accumulator
         alpha = inverse_norm * pattern_cotangent[:, None, :]
-        d_transition = _add_to_children(
+        d_transition = add_per_tree(
             d_transition, children,
             jnp.einsum("bwkcps,bwp,bwkcpt->bwkcst", s, alpha, p, precision=product_precision()))
         if tips:
             # Per tree, so that no two updates meet (each tip is one child once); other children land on the
             # spare row.
             tip = jnp.where(children < num_tips, children, num_tips)
-            d_tips = _add_to_children(d_tips, tip, jnp.sum(up, axis=3) * alpha[:, :, None, :, None])
+            d_tips = add_per_tree(d_tips, tip, jnp.sum(up, axis=3) * alpha[:, :, None, :, None])
         return d_transition, d_tips
 
     return visit
@@ -113,8 +107,8 @@ def branch_derivative_visitor(first_matrices, second_matrices, pattern_weights: 
         slope = jnp.sum(s * apply_transition(take(first_matrices, children), p), axis=(3, 5)) * inverse_norm
         curve = jnp.sum(s * apply_transition(take(second_matrices, children), p), axis=(3, 5)) * inverse_norm
         per_branch = lambda x: jnp.einsum("bwkp,bp->bwk", x, pattern_weights, precision=product_precision())
-        first = _add_to_children(first, children, per_branch(slope))
-        second = _add_to_children(second, children, per_branch(curve - slope * slope))
+        first = add_per_tree(first, children, per_branch(slope))
+        second = add_per_tree(second, children, per_branch(curve - slope * slope))
         return first, second
 
     return visit

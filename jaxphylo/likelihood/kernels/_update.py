@@ -27,11 +27,11 @@ same lists and does no work for positions past a chain's count.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 from jaxtyping import Array, Float, Int
 
+from ...runtime import set_per_tree, take_per_tree
 from ._xla import apply_transition, root_sum
 
 
@@ -50,28 +50,28 @@ def update_partials(
     category_weights: Float[Array, "B C"],
 ) -> tuple[Float[Array, "B 2 I C patterns S"], Float[Array, "B 2 I patterns"], Float[Array, "B patterns"]]:
     """Recompute the listed nodes into their `buffer` rows; `(partials, log_scales, log L_c [B, patterns])`."""
-    b, _, internal = partials.shape[:3]
     num_tips = tip_codes.shape[0] - 1
-    batch = jnp.arange(b)
 
     def node(i, carry):
         partials, log_scales = carry
         v = operations[:, i]
-        kids = children[batch, v]  # [B, 2]
+        kids = take_per_tree(children, v)  # [B, 2]
         is_tip = kids < num_tips
         rows = jnp.where(is_tip, 0, kids - num_tips)
-        inner = _read(partials, buffer[batch[:, None], rows], rows)  # [B, 2, C, P, S]
+        which = take_per_tree(buffer, rows)
+        inner = take_per_tree(partials, (which, rows))  # [B, 2, C, P, S]
         tips = tip_table[tip_codes[jnp.where(is_tip, kids, num_tips)]][:, :, None]  # [B, 2, 1, P, S]
         x = jnp.where(is_tip[..., None, None, None], tips, inner)
-        messages = apply_transition(transition[batch[:, None], kids], x)
+        messages = apply_transition(take_per_tree(transition, kids), x)
         p, log_scale = rescale_by_power_of_two(messages[:, 0] * messages[:, 1])
-        below = _read(log_scales, buffer[batch[:, None], rows], rows)  # [B, 2, P]: the children's subtree sums
+        below = take_per_tree(log_scales, (which, rows))  # [B, 2, P]: the children's subtree sums
         log_scale = log_scale + jnp.sum(jnp.where(is_tip[..., None], 0.0, below), axis=1)
         # Past a chain's count its list holds clean nodes: write into their other buffer, which this
         # proposal never reads (no scatter with dropped rows, which a CPU runs element by element).
         row = v - num_tips
-        to = jnp.where(i < counts, buffer[batch, row], 1 - buffer[batch, row])
-        return _write(partials, p, to, row), _write(log_scales, log_scale, to, row)
+        current = take_per_tree(buffer, row)
+        to = jnp.where(i < counts, current, 1 - current)
+        return set_per_tree(partials, (to, row), p), set_per_tree(log_scales, (to, row), log_scale)
 
     partials, log_scales = lax.fori_loop(0, jnp.max(counts), node, (partials, log_scales))
     return partials, log_scales, log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
@@ -89,27 +89,7 @@ def rescale_by_power_of_two(p: Float[Array, "*batch C patterns S"]):
 def log_likelihoods(partials, log_scales, buffer, root, root_frequencies, category_weights,
                     num_tips: int) -> Float[Array, "B patterns"]:
     """`log L_c` from the root's rows: its rescaled partials and the sum of log scale factors below it."""
-    batch = jnp.arange(partials.shape[0])
     row = root - num_tips
-    at = buffer[batch, row]
-    return jnp.log(root_sum(partials[batch, at, row], root_frequencies, category_weights)) + log_scales[batch, at, row]
-
-
-def _read(buffer, which, rows):
-    """`buffer[b, which[b, k], rows[b, k]]`: `[B, K, ...]` (on a CPU as slices: XLA's CPU gather goes element by
-    element)."""
-    if jax.default_backend() != "cpu":
-        return buffer[jnp.arange(buffer.shape[0])[:, None], which, rows]
-    return jnp.stack([jnp.stack([lax.dynamic_index_in_dim(lax.dynamic_index_in_dim(buffer[b], which[b, k], 0, False),
-                                                          rows[b, k], 0, False)
-                                 for k in range(which.shape[1])]) for b in range(buffer.shape[0])])
-
-
-def _write(buffer, rows, which, at):
-    """`buffer[b, which[b], at[b]] = rows[b]` for every chain, in place (on a CPU one slice update per chain)."""
-    if jax.default_backend() != "cpu":
-        return buffer.at[jnp.arange(buffer.shape[0]), which, at].set(rows)
-    for b in range(buffer.shape[0]):
-        start = tuple(jnp.asarray(x, jnp.int32) for x in (b, which[b], at[b]) + (0,) * (buffer.ndim - 3))
-        buffer = lax.dynamic_update_slice(buffer, rows[b][None, None, None], start)
-    return buffer
+    at = take_per_tree(buffer, row)
+    return (jnp.log(root_sum(take_per_tree(partials, (at, row)), root_frequencies, category_weights))
+            + take_per_tree(log_scales, (at, row)))
