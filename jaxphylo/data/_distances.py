@@ -85,7 +85,7 @@ def _from_divergence(f: Float[Array, "B N 4 4"], method: str, pi) -> tuple[Array
 
 @functools.partial(jax.jit, static_argnames=("method",))
 def _dna_block(rows, everything, pi, method):
-    """Distances from sequences `rows` [B, L, 4] to all [N, L, 4]."""
+    """Distances from sequences `rows` [B, L, 4] (each site already times its weight) to all [N, L, 4]."""
     counts = jnp.einsum("isa,jsb->ijab", rows, everything, preferred_element_type=jnp.float32)
     return _from_divergence(counts.astype(jnp.float64), method, pi) + (jnp.sum(counts, axis=(-2, -1)),)
 
@@ -102,13 +102,17 @@ def _protein_block(rows, everything, method):
 
 
 def distances(
-    alignment: Alignment, method: str | None = None, *, saturated: float = math.inf, block_size: int = 256
+    alignment: Alignment, method: str | None = None, *, saturated: float = math.inf, block_size: int = 256,
+    site_weights=None,
 ) -> Float[np.ndarray, "taxa taxa"]:
     """The symmetric matrix of `method` distances, rows and columns in `alignment.taxa` order.
 
     Methods: DNA `p`, `jc69` (default), `k2p`, `tn93`, `logdet`; protein `p`,
     `poisson` (default). Saturated pairs get `saturated` (default `inf`); give a
-    finite value (say 5.0) to keep tree building going.
+    finite value (say 5.0) to keep tree building going. `site_weights [sites]`
+    (small non-negative integers) counts each column that many times: a
+    bootstrap replicate's distances (column `s` drawn `w_s` times) equal those
+    of the resampled alignment, without building it.
     """
     kind = alignment.alphabet.name
     if kind not in METHODS:
@@ -117,12 +121,17 @@ def distances(
     if method not in METHODS[kind]:
         raise ModelError(f"unknown {kind} distance {method!r}; choose from {', '.join(METHODS[kind])}")
     codes, lookup = one_hot_states(alignment)
-    # 0/1 codes and integer counts are exact in bfloat16 products with float32 sums (to 2^24 sites).
+    weights = np.ones(codes.shape[1]) if site_weights is None else np.asarray(site_weights, float)
+    if weights.shape != (codes.shape[1],) or np.any(weights < 0) or np.any(weights > 256) or np.any(weights % 1):
+        raise InputError(f"{alignment.source}: site_weights must be {codes.shape[1]} integers in 0..256, one per "
+                         f"site")
+    # 0/1 codes times integer weights up to 256 are exact in bfloat16 products with float32 sums (to 2^24 sites).
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
     everything = jnp.asarray(lookup, dtype)[jnp.asarray(codes)]
+    weighted = everything if site_weights is None else everything * jnp.asarray(weights, dtype)[None, :, None]
     taxa = len(alignment.taxa)
     block_size = min(block_size, taxa)
-    state_counts = lookup[codes].sum(axis=(0, 1))
+    state_counts = (lookup[codes] * weights[None, :, None]).sum(axis=(0, 1))
     pi = jnp.asarray(state_counts / max(state_counts.sum(), 1.0))
     if method == "tn93" and np.any(state_counts == 0):
         raise InputError(f"{alignment.source}: TN93 needs every base present; base "
@@ -130,7 +139,7 @@ def distances(
     out = np.empty((taxa, taxa))
     for start in range(0, taxa, block_size):
         index = jnp.minimum(jnp.arange(start, start + block_size), taxa - 1)  # pad the last block
-        rows = everything[index]
+        rows = weighted[index]
         if kind == "dna":
             d, defined, n = _dna_block(rows, everything, pi, method)
         else:

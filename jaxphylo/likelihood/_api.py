@@ -7,6 +7,8 @@ Each dispatches once on the model's kind (`_implementation`): a `Model` runs thr
 
 from __future__ import annotations
 
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -44,9 +46,16 @@ def batch_pattern_log_likelihoods(model: Model, parents, branch_lengths, data: P
                                                                 per_tree_models)
 
 
-def max_step_width(model: Model, data: PatternData, dtype, batch: int = 1) -> int:
+def max_step_width(model: Model, data: PatternData, dtype, batch: int = 1, mesh=None) -> int:
     """Widest step whose `[batch, width, C, P, S]` temporaries stay near `STEP_BYTES` (a partitioned
-    model's: the widest of its groups, whose parts are one more batch axis)."""
+    model's: the widest of its groups, whose parts are one more batch axis).
+
+    With `mesh`, for what one device holds: its share of the trees (`batch` over the mesh's `batch` axis,
+    rounded up) on its share of the columns (over `patterns`). Sized for the whole batch instead, the steps
+    narrowed as devices were added, each device running more and narrower steps on the same work.
+    """
+    if mesh is not None:
+        batch = math.ceil(batch / mesh.shape["batch"]) / mesh.shape["patterns"]
     return _implementation(model).max_step_width(model, data, dtype, batch)
 
 

@@ -34,9 +34,10 @@ def node_bytes(model: Model, data: PatternData, dtype) -> int:
     return category_count(model) * data.tip_codes.shape[-1] * data.tip_table.shape[-1] * jnp.dtype(dtype).itemsize
 
 
-def max_step_width(model: Model, data: PatternData, dtype, batch: int = 1) -> int:
-    """Widest step whose `[batch, width, C, P, S]` temporaries stay near `STEP_BYTES`."""
-    return max(1, STEP_BYTES // (batch * node_bytes(model, data, dtype)))
+def max_step_width(model: Model, data: PatternData, dtype, batch: float = 1) -> int:
+    """Widest step whose `[batch, width, C, P, S]` temporaries stay near `STEP_BYTES` (`batch` may be a
+    fraction: a device's share of the columns)."""
+    return max(1, int(STEP_BYTES // (batch * node_bytes(model, data, dtype))))
 
 
 def data_log_likelihood(data: PatternData, tree: Tree, model: Model, precision: str) -> Float[Array, ""]:

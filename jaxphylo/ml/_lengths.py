@@ -7,6 +7,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from ..runtime import place_batch
 from ..tree import (
     mask_like,
 )
@@ -94,19 +95,26 @@ def optimise_lengths(parents, lengths, fixed, problem: Problem, tolerance: float
         optimise = lambda *a: newton_lengths(*a, tolerance)[:2]  # noqa: E731
     else:
         optimise = lambda *a: lbfgs_lengths(*a, tolerance)  # noqa: E731
-    # Large alignments: trees in groups whose partials fit in LENGTHS_BYTES (the group size depends on the
-    # problem only, never on the machine, so a search's result does not either).
-    batch = parents.shape[0]
+    # Large alignments: trees in groups whose partials fit in LENGTHS_BYTES on each device (the group size
+    # depends on the problem and the mesh's batch axis, never on the device model). A group's trees are
+    # split over the mesh's `batch` axis: sliced or concatenated on the host they would be copied to every
+    # device, and every device would fit every tree (bootstrap time grew with the number of GPUs, issue #41).
+    batch, mesh = parents.shape[0], problem.mesh
+    shards = 1 if mesh is None else mesh.shape["batch"]
     tree_bytes = LENGTHS_BUFFERS * (parents.shape[1] + 1) * node_bytes(problem.model, problem.data, problem.dtype)
-    size = max(1, min(batch, LENGTHS_BYTES // tree_bytes))
+    size = max(1, min(batch, shards * (LENGTHS_BYTES // tree_bytes)))
+
+    def run(parents, lengths, fixed, weights):
+        group = eqx.tree_at(lambda p: p.weights, problem, place_batch(weights, mesh))
+        return optimise(*place_batch((parents, lengths, fixed), mesh), group)
+
     if size == batch:
-        return optimise(parents, lengths, fixed, problem)
+        return run(parents, lengths, fixed, problem.weights)
     results = []
     for start in range(0, batch, size):
         rows = np.minimum(np.arange(start, start + size), batch - 1)  # the last group padded with its last tree
         weights = problem.weights[rows] if problem.weights.shape[0] == batch else problem.weights
-        group = eqx.tree_at(lambda p: p.weights, problem, weights)
-        results.append(optimise(parents[rows], lengths[rows], fixed[rows], group))
+        results.append(run(parents[rows], lengths[rows], fixed[rows], weights))
     return tuple(jnp.concatenate(x)[:batch] for x in zip(*results))
 
 

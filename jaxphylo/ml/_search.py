@@ -223,7 +223,7 @@ class _SearchRun:
         self.dtype = PRECISIONS[precision]
         self.size = search_width(settings, self.template, self.data, self.dtype, self.start_trees.parents.shape[1])
         self.widths = phase_widths(self.start_trees.num_tips, max_step_width(
-            self.template, self.data, self.dtype, 2 * self.size))
+            self.template, self.data, self.dtype, 2 * self.size, mesh))
         self.model = self.template
         self.candidates = CandidateSet(settings.candidates, self.taxa)
         self.stage, self.climb, self.before = "start-model", None, None

@@ -155,7 +155,7 @@ def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int
     starts = kernel_batch([random_topology_tree(taxa, seed=seed * 7919 + k) for k in range(b)])
     data = place_data(search_data(alignment, starts, template), mesh)  # a partitioned model's parts side by side
     dtype = PRECISIONS[precision]
-    widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b))
+    widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b, mesh))
     posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only, settings.branch_rate,
                           settings.incremental)
     params = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
