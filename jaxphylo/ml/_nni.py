@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from ..runtime import product_precision, set_per_tree
+from ..runtime import product_precision, set_per_tree, take_per_tree
 from ..tree import device_schedule, kernel_children, mask_like
 from ..likelihood import batch_layout_lengths, group_kernel_arrays, kernel_arrays, part_layout_lengths
 from ..likelihood.kernels import (
@@ -87,19 +87,19 @@ class TreePartials(eqx.Module):
 
     def message(self, nodes: Int[Array, "B K"]) -> Float[Array, "B K C P S"]:
         """`P_x p_x`: what the subtree below each node says about the node's parent."""
-        matrices = jax.vmap(lambda t, k: t[k])(self.transition, self._id(nodes))
+        matrices = take_per_tree(self.transition, self._id(nodes))
         return apply_transition(matrices, self.partial(nodes))
 
     def upper(self, nodes: Int[Array, "B K"]) -> Float[Array, "B K C P S"]:
         """`q` of internal nodes: everything outside the node's subtree, at the node."""
         rows = self._id(nodes) - self.num_tips
-        return jax.vmap(lambda buffer, r: buffer[r])(self.pre, rows)
+        return take_per_tree(self.pre, rows)
 
     def scale(self, nodes: Int[Array, "B K"]) -> Float[Array, "B K P"]:
         """`log` of what `p` of each node was divided by (zero at tips)."""
         ids = self._id(nodes)
         rows = jnp.where(ids >= self.num_tips, ids - self.num_tips, self.subtree_scales.shape[1] - 1)
-        return jax.vmap(lambda buffer, r: buffer[r])(self.subtree_scales, rows)
+        return take_per_tree(self.subtree_scales, rows)
 
 
 def subtree_log_scales(log_scales: Float[Array, "B rows P"], schedule) -> Float[Array, "B rows P"]:
@@ -112,7 +112,7 @@ def subtree_log_scales(log_scales: Float[Array, "B rows P"], schedule) -> Float[
     def body(total, start, real, width):
         children = step_children(schedule, start, width)
         rows = jnp.where(children >= num_tips, children - num_tips, total.shape[1] - 1)
-        below = jax.vmap(lambda t, r: t[r])(total, rows)
+        below = take_per_tree(total, rows)
         return write_rows(total, gather_rows(log_scales, start, width) + jnp.sum(below, axis=2), start)
 
     return level_loop(schedule, body, jnp.zeros_like(log_scales))

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
-from ...runtime import add_per_tree, product_precision, set_per_tree
+from ...runtime import add_per_tree, product_precision, set_per_tree, take_per_tree
 from ...tree import Schedule
 from . import _pallas_blocks, _pallas_vectors
 from ._pallas_blocks import padded_states
@@ -199,7 +199,7 @@ def post_order_partials(
 
 
 def root_partials(tiled: TiledPartials, schedule: Schedule, patterns: int, states: int) -> Float[Array, "B C patterns S"]:
-    return untiled(jax.vmap(lambda buffer, r: buffer[r])(tiled.partials, schedule.root_row), patterns, states)
+    return untiled(take_per_tree(tiled.partials, schedule.root_row), patterns, states)
 
 
 def root_sums(tiled: TiledPartials, patterns: int) -> Float[Array, "B patterns"]:

@@ -15,11 +15,10 @@ cotangents of `P`, of the tip vectors, or branch-length derivatives.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ...runtime import add_per_tree, product_precision, set_per_tree
+from ...runtime import add_per_tree, product_precision, set_per_tree, take_per_tree
 from ...tree import Schedule
 from ._walk import gather_rows, level_loop, step_children
 from ._xla import apply_transition, child_partials, rescale
@@ -55,7 +54,7 @@ def pre_order_partials(
         parent = gather_rows(q, start, width)[:, :, None]
         children = step_children(schedule, start, width)
         p = child_partials(children, partials, tip_codes, tip_table)
-        matrices = jax.vmap(lambda t, k: t[k])(transition, children)
+        matrices = take_per_tree(transition, children)
         messages = apply_transition(matrices, p)
         s = parent * messages[:, :, ::-1]  # each child's sibling message
         norm = jnp.sum(s[:, :, 0] * messages[:, :, 0], axis=(2, 4))
@@ -99,13 +98,12 @@ def branch_derivative_visitor(first_matrices, second_matrices, pattern_weights: 
 
     Per pattern, `d^2 log L_c/dt^2 = L_c''/L_c - (L_c'/L_c)^2`, with `L_c' = sum_r s^T P' p`.
     """
-    take = jax.vmap(lambda matrices, k: matrices[k])
 
     def visit(accumulator, children, s, p, up, inverse_norm):
         first, second = accumulator
         inverse_norm = inverse_norm[:, :, None]
-        slope = jnp.sum(s * apply_transition(take(first_matrices, children), p), axis=(3, 5)) * inverse_norm
-        curve = jnp.sum(s * apply_transition(take(second_matrices, children), p), axis=(3, 5)) * inverse_norm
+        slope = jnp.sum(s * apply_transition(take_per_tree(first_matrices, children), p), axis=(3, 5)) * inverse_norm
+        curve = jnp.sum(s * apply_transition(take_per_tree(second_matrices, children), p), axis=(3, 5)) * inverse_norm
         per_branch = lambda x: jnp.einsum("bwkp,bp->bwk", x, pattern_weights, precision=product_precision())
         first = add_per_tree(first, children, per_branch(slope))
         second = add_per_tree(second, children, per_branch(curve - slope * slope))

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ...runtime import product_precision
+from ...runtime import product_precision, take_per_tree
 from ...tree import Schedule
 from ._walk import level_loop, step_children, write_rows
 
@@ -49,7 +49,7 @@ def child_partials(
     num_tips = tip_codes.shape[0] - 1
     is_tip = children < num_tips
     rows = jnp.where(is_tip, partials.shape[1] - 1, children - num_tips)
-    internal = jax.vmap(lambda buffer, r: buffer[r])(partials, rows)
+    internal = take_per_tree(partials, rows)
     tip = tip_table[tip_codes[jnp.where(is_tip, children, num_tips)]]
     return jnp.where(is_tip[..., None, None, None], tip[..., None, :, :], internal)
 
@@ -77,7 +77,7 @@ def post_order_partials(
     def body(carry, start, real, width):
         partials, log_scales = carry
         children = step_children(schedule, start, width)
-        matrices = jax.vmap(lambda t, k: t[k])(transition, children)
+        matrices = take_per_tree(transition, children)
         messages = apply_transition(matrices, child_partials(children, partials, tip_codes, tip_table))
         p, log_scale = rescale(messages[:, :, 0] * messages[:, :, 1])
         return write_rows(partials, p, start), write_rows(log_scales, log_scale, start)
@@ -92,7 +92,7 @@ def root_sum(root: Float[Array, "B C patterns S"], root_frequencies, category_we
 
 def root_likelihoods(partials, root_frequencies, category_weights, schedule: Schedule) -> Float[Array, "B patterns"]:
     """`root_sum` on the rescaled root partials of the buffers."""
-    root = jax.vmap(lambda buffer, r: buffer[r])(partials, schedule.root_row)
+    root = take_per_tree(partials, schedule.root_row)
     return root_sum(root, root_frequencies, category_weights)
 
 
