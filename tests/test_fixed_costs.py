@@ -245,3 +245,41 @@ def test_the_host_schedule_packs_and_runs_the_device_schedules_program():
     tree = jp.random_topology_tree([f"t{k}" for k in range(1000)], seed=0)
     packed = trim_slots(host_schedule(np.asarray(binarize(tree.topology)[0]), phase_widths(1000, 64)))
     assert packed.num_slots <= 1060 and packed.steps.sum() <= 26
+
+
+def test_a_packed_schedules_one_step_phases_copy_no_partials(monkeypatch):
+    """The XLA passes (a GPU's) on a packed schedule, whose tail is phases of one step each, need about the
+    level schedule's temporaries per partials buffer. Run outside a loop, such a step made XLA copy whole
+    partials buffers (300 taxa x 1,000 patterns, width 32: 4.44 buffers of temporaries against the level
+    schedule's 3.71; 1,000 x 1,000,000 on four H200s: 121 GiB per GPU against 65.4), so those phases keep
+    their count as data (3.85 here). The bound, 0.4 buffers, is half the copy."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxphylo.likelihood import PatternData, kernels, schedule_pattern_log_likelihoods
+    from jaxphylo.likelihood.kernels import exact_steps
+    from jaxphylo.tree import binarize, branch_index, device_schedule, host_schedule, phase_widths, trim_slots
+
+    monkeypatch.setattr(kernels.cpu, "available", lambda: False)
+    jax.clear_caches()  # the kernel choice is made when tracing
+    taxa, patterns = 300, 1000
+    tree = jp.random_topology_tree([f"t{k}" for k in range(taxa)], seed=0, mean_branch_length=0.05)
+    model = jp.parse_model("HKY{2}+F{.3,.2,.2,.3}+G4{0.5}")
+    rng = np.random.default_rng(0)
+    codes = np.vstack([rng.integers(0, 4, (taxa, patterns)), np.full((1, patterns), 4)]).astype(np.int32)
+    data = PatternData(jnp.asarray(codes), jnp.asarray(np.vstack([np.eye(4), np.ones((1, 4))])),
+                       jnp.asarray(rng.integers(1, 4, patterns).astype(float)))
+    index, parent, widths = branch_index(tree.topology), np.asarray(binarize(tree.topology)[0]), phase_widths(taxa, 32)
+    packed = trim_slots(host_schedule(parent, widths))
+    level = trim_slots(jax.device_get(device_schedule(jnp.asarray(parent[None]), widths)))
+    assert 1 in exact_steps(packed)
+    try:
+        per_buffer = {}
+        for name, schedule in (("packed", packed), ("level", level)):
+            run = jax.jit(jax.value_and_grad(lambda lengths: jnp.sum(data.weights * schedule_pattern_log_likelihoods(
+                model, lengths, data, schedule, index, jnp.float64, exact_steps(schedule)))))
+            buffer = (schedule.num_slots + 1) * 4 * patterns * 4 * 8  # one [rows, C, P, S] float64 partials buffer
+            per_buffer[name] = run.lower(tree.branch_lengths).compile().memory_analysis().temp_size_in_bytes / buffer
+    finally:
+        jax.clear_caches()  # later tests get the C++ kernel again
+    assert per_buffer["packed"] <= per_buffer["level"] + 0.4, per_buffer

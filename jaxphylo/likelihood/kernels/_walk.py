@@ -38,8 +38,9 @@ def level_loop(schedule: Schedule, body, carry, reverse=False, static_steps=None
     block, which leaves every value as it was (`real` is False there, so that
     accumulators can skip it). Step counts are data, so any topology of N
     taxa shares one compiled program. `static_steps` gives Python counts
-    instead (at least the real ones, `exact_steps`): fixed-length loops,
-    which plain reverse-mode autodiff can pass through. Loops are never
+    instead (at least the real ones, `exact_steps`; None for a phase whose
+    count stays data): fixed-length loops, which plain reverse-mode autodiff
+    can pass through. Loops are never
     unrolled: on an H100 (float64, value and gradient,
     benchmarks/results/kernel-versions-gpu.json) unrolled passes were slower
     at every size but one (12 x 413: 0.89 ms against 0.73 looped; 1,000 x
@@ -52,7 +53,7 @@ def level_loop(schedule: Schedule, body, carry, reverse=False, static_steps=None
     phases = list(enumerate(schedule.widths))
     for j, width in reversed(phases) if reverse else phases:
         steps = schedule.steps[:, j]
-        num_steps = jnp.max(steps) if static_steps is None else static_steps[j]
+        num_steps = jnp.max(steps) if static_steps is None or static_steps[j] is None else static_steps[j]
 
         def step(i, carry, j=j, width=width, steps=steps, num_steps=num_steps):
             i = num_steps - 1 - i if reverse else i
