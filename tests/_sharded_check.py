@@ -132,7 +132,8 @@ def distributed(port: int, process_id: int) -> dict:
 
 
 def runs(alignment_path: str, reference: str) -> dict:
-    """Bootstrap ML searches and NUTS (the CLI's `sample --mesh`) on 4 devices against one device; and
+    """Bootstrap ML searches (on meshes of 2 x 2 and, in shares, 4 x 1), MC³ (4 x 1) and NUTS (the CLI's
+    `sample --mesh`) on 4 devices against one device; and
     `jaxphylo mcmc --devices 1` into `reference` (what the two-process MC³ run on a 2x2 mesh must equal)."""
     import tempfile
 
@@ -141,6 +142,7 @@ def runs(alignment_path: str, reference: str) -> dict:
 
     import jaxphylo as jp
     from jaxphylo import cli, ml
+    from jaxphylo.runtime import Interrupted
 
     alignment = jp.read_alignment(alignment_path)
     result = {"devices": len(jax.devices())}
@@ -150,10 +152,27 @@ def runs(alignment_path: str, reference: str) -> dict:
     settings = ml.SearchSettings(batch=2)
     runs = [ml.bootstrap(alignment, fitted, replicates=2, settings=settings, mesh=mesh)
             for mesh in (None, jp.device_mesh(batch=2, patterns=2))]
-    result["bootstrap"] = {"supports_equal": runs[0][0] == runs[1][0],
-                           "rf": max(ml.robinson_foulds(a, b) for a, b in zip(runs[0][1], runs[1][1])),
-                           "lengths": max(max_difference(a.branch_lengths, b.branch_lengths)
-                                          for a, b in zip(runs[0][1], runs[1][1]))}
+    result["bootstrap"] = compared(*runs)
+    # On a mesh of 4 x 1 the replicates climb in shares, one per device, each in a thread of its own; stopped
+    # inside the shares' climbs (every thread reads the stop request) and resumed, they end as an unstopped
+    # run does.
+    mesh = jp.device_mesh(batch=4, patterns=1)
+    one = ml.bootstrap(alignment, fitted, replicates=6, seed=3, settings=settings)
+    shares = ml.bootstrap(alignment, fitted, replicates=6, seed=3, settings=settings, mesh=mesh)
+    with tempfile.TemporaryDirectory() as folder:
+        stops = 0
+        for reads in (2, 5, 9, 1000):
+            try:
+                resumed = ml.bootstrap(alignment, fitted, replicates=6, seed=3, settings=settings, mesh=mesh,
+                                       checkpoint=f"{folder}/boot.ckpt", stop=StopAfter(reads))
+            except Interrupted:
+                stops += 1
+    result["shares"] = {**compared(one, shares), "stops": stops, "resumed": compared(shares, resumed)}
+    # MC³ with a run per device: each device runs its own (`runtime.batch_shards`), drawing each chain's own
+    # numbers: the chains of one device.
+    chains = [jp.inference.mc3(alignment, "HKY", runs=4, chains=2, generations=60, sample_every=20, seed=4,
+                               mesh=m) for m in (None, mesh)]
+    result["mc3"] = max(max_difference(a.columns, b.columns) for a, b in zip(chains[0].runs, chains[1].runs))
     mcmc = ["mcmc", "--model", "HKY", "--runs", "2", "--chains", "2", "--generations", "200", "--sample-every",
             "50", "--block", "2", "--seed", "1"]  # test_sharding.MCMC; its mesh runs are the two-process ones
     assert cli.main([*mcmc, alignment_path, "-o", reference, "--devices", "1"]) == 0
@@ -167,6 +186,27 @@ def runs(alignment_path: str, reference: str) -> dict:
             logs.append({k: np.asarray(posterior[k]) for k in posterior.data_vars})
         result["nuts"] = max(float(np.max(np.abs(logs[0][k] - logs[1][k]))) for k in logs[0])
     return result
+
+
+class StopAfter:
+    """A stop request that fires on its (reads + 1)-th reading (tests/conftest.py's, for this process)."""
+
+    def __init__(self, reads: int):
+        self.reads = reads
+
+    @property
+    def reason(self):
+        self.reads -= 1
+        return "test stop" if self.reads < 0 else None
+
+
+def compared(first, second) -> dict:
+    """Two bootstraps `(supports, trees)`: equal supports, the largest RF distance and branch-length difference."""
+    from jaxphylo import ml
+
+    return {"supports_equal": first[0] == second[0],
+            "rf": max(ml.robinson_foulds(a, b) for a, b in zip(first[1], second[1])),
+            "lengths": max(max_difference(a.branch_lengths, b.branch_lengths) for a, b in zip(first[1], second[1]))}
 
 
 def collectives(alignment_path: str, dump: str) -> dict:

@@ -40,9 +40,20 @@ def uniform_choice(key, mask: Bool[Array, " n"]) -> Int[Array, ""]:
     return jnp.argmax(jnp.where(mask, jax.random.uniform(key, mask.shape), -1.0)).astype(jnp.int32)
 
 
-def draw_moves(key_kind, key_pick, weights: Float[Array, " moves"], hmc: int, chains: int):
-    """Each chain's local move (`[B]` indices into `weights[:hmc]`), and whether this generation is HMC's."""
-    kind = jax.random.categorical(key_kind, jnp.log(weights[:hmc]), shape=(chains,))
+def chain_keys(key, chain: Int[Array, " B"]):
+    """Each chain's own key, `fold_in(key, chain[b])` (`[B]` keys).
+
+    Every per-chain draw comes from the chain's own stream, numbered by its index in the whole batch
+    (`MCMCState.chain`): a chain draws the same numbers whichever chains share its device, so a run split over
+    devices, each running its share on its own (`runtime.batch_shards`), equals the run on one."""
+    return jax.vmap(jax.random.fold_in, (None, 0))(key, chain)
+
+
+def draw_moves(key_kind, key_pick, weights: Float[Array, " moves"], hmc: int, chain: Int[Array, " B"]):
+    """Each chain's local move (`[B]` indices into `weights[:hmc]`), and whether this generation is HMC's (one
+    draw from the shared key, the same on every device)."""
+    logits = jnp.log(weights[:hmc])
+    kind = jax.vmap(lambda k: jax.random.categorical(k, logits))(chain_keys(key_kind, chain))
     use_hmc = jax.random.uniform(key_pick) * jnp.sum(weights) < weights[hmc]
     return kind, use_hmc
 
@@ -55,9 +66,12 @@ def mixture(use_hmc, hmc_enabled: bool, hamiltonian, local):
     return local(None)
 
 
-def metropolis_hastings(key, log_ratio: Float[Array, " B"], log_posterior: Float[Array, " B"]) -> Bool[Array, " B"]:
-    """Each chain's accept decision: `log u < log_ratio`, and never a non-finite proposed posterior."""
-    return (jnp.log(jax.random.uniform(key, log_ratio.shape)) < log_ratio) & jnp.isfinite(log_posterior)
+def metropolis_hastings(key, chain: Int[Array, " B"], log_ratio: Float[Array, " B"],
+                        log_posterior: Float[Array, " B"]) -> Bool[Array, " B"]:
+    """Each chain's accept decision: `log u < log_ratio` (`u` from the chain's own stream), and never a
+    non-finite proposed posterior."""
+    u = jax.vmap(jax.random.uniform)(chain_keys(key, chain))
+    return (jnp.log(u) < log_ratio) & jnp.isfinite(log_posterior)
 
 
 def tally(proposed, accepted, kind: Int[Array, " B"], accept: Bool[Array, " B"]):
@@ -91,6 +105,7 @@ class MCMCState(eqx.Module):
     adaptation: object
     proposed: Int[Array, "B moves"]  # counts, for acceptance rates
     accepted: Int[Array, "B moves"]
+    chain: Int[Array, " B"]  # each chain's index in the whole batch: its random stream (`chain_keys`)
     generation: Int[Array, ""]  # generations done
     cache: object = ()
 
@@ -117,9 +132,10 @@ class Proposal(eqx.Module):
 def init(position, first_score, tunings: Float[Array, "B T"], adaptation, moves: int) -> MCMCState:
     """Chains at `position`, scored by `first_score(position) -> (log L [B], log prior [B], cache)`."""
     log_likelihood, log_prior, cache = first_score(position)
-    zeros = jnp.zeros((tunings.shape[0], moves), jnp.int32)
-    return MCMCState(position, log_likelihood, log_prior, tunings, adaptation, zeros, zeros, jnp.zeros((), jnp.int32),
-                     cache)
+    b = tunings.shape[0]
+    zeros = jnp.zeros((b, moves), jnp.int32)
+    return MCMCState(position, log_likelihood, log_prior, tunings, adaptation, zeros, zeros,
+                     jnp.arange(b, dtype=jnp.int32), jnp.zeros((), jnp.int32), cache)
 
 
 def keep_nothing(cache, proposed, accept):
@@ -145,14 +161,14 @@ def build_kernel(propose, score, target_acceptance, tune_generations, bounds: tu
         proposal = propose(k_move, state, beta)
         log_likelihood, log_prior, cache = score(state, proposal.position)
         log_ratio = beta * (log_likelihood - state.log_likelihood + log_prior - state.log_prior) + proposal.log_q
-        accept = metropolis_hastings(k_accept, log_ratio, log_likelihood + log_prior)
+        accept = metropolis_hastings(k_accept, state.chain, log_ratio, log_likelihood + log_prior)
         position, log_likelihood, log_prior = where(accept, (proposal.position, log_likelihood, log_prior),
                                                     (state.position, state.log_likelihood, state.log_prior))
         proposed, accepted = tally(state.proposed, state.accepted, proposal.move, accept)
         tunings = robbins_monro(state.tunings, proposal.slot, accept, target_acceptance(proposal.slot),
                                 state.generation, tune_generations, bounds)
         state = MCMCState(position, log_likelihood, log_prior, tunings, proposal.adaptation, proposed, accepted,
-                          state.generation + 1, keep(state.cache, cache, accept))
+                          state.chain, state.generation + 1, keep(state.cache, cache, accept))
         return state, MCMCInfo(proposal.move, accept, log_ratio)
 
     return step

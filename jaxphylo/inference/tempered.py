@@ -4,7 +4,7 @@
 `beta[heat_i]`, `beta_k = 1 / (1 + lambda k)` (MrBayes's incremental heating; heat 0 is the cold chain).
 After every generation, in every run, two random chains `i`, `j` propose to exchange heats, accepted with
 probability `min(1, exp((beta_i - beta_j)(P_j - P_i)))`, `P` the log posterior (prior and likelihood heated
-together). Heats move, states do not (MrBayes's rule): nothing a chain keeps, its likelihood's partials
+together), drawn from the run's own stream (so that runs split over devices draw what they draw on one). Heats move, states do not (MrBayes's rule): nothing a chain keeps, its likelihood's partials
 included, moves between chains.
 """
 
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from .base import MCMCState
+from .base import MCMCState, chain_keys
 
 
 class TemperedState(eqx.Module):
@@ -35,7 +35,7 @@ def init(chains: MCMCState, runs: int, per_run: int) -> TemperedState:
     return TemperedState(chains, jnp.tile(jnp.arange(per_run), runs), swaps, swaps)
 
 
-def tempered(step, runs: int, chains: int, temperature: float):
+def tempered(step, chains: int, temperature: float):
     """`step(key, state, beta)` of every chain at its heat, then one heat swap per run: `(key, state) -> (state,
     info)` over a `TemperedState`."""
     beta = heats(chains, temperature)
@@ -44,26 +44,27 @@ def tempered(step, runs: int, chains: int, temperature: float):
         k_step, k_swap = jax.random.split(key)
         inner, info = step(k_step, state.chains, beta[state.heat])
         state = eqx.tree_at(lambda s: s.chains, state, inner)
-        return (_swap_heats(k_swap, state, beta, runs, chains) if chains > 1 else state), info
+        return (_swap_heats(k_swap, state, beta, chains) if chains > 1 else state), info
 
     return tempered_step
 
 
-def _swap_heats(key, state: TemperedState, beta, runs: int, chains: int) -> TemperedState:
-    k1, k2, k3 = jax.random.split(key, 3)
-    i = jax.random.randint(k1, (runs,), 0, chains)
-    j = (i + 1 + jax.random.randint(k2, (runs,), 0, chains - 1)) % chains
-    draw = jax.random.uniform(k3, (runs,))
-    log_post = (state.chains.log_likelihood + state.chains.log_prior).reshape(runs, chains)
+def _swap_heats(key, state: TemperedState, beta, chains: int) -> TemperedState:
+    log_post = (state.chains.log_likelihood + state.chains.log_prior).reshape(-1, chains)
+    run_keys = chain_keys(key, state.chains.chain.reshape(-1, chains)[:, 0] // chains)  # numbered by run
 
-    def one_run(heat, log_post, tried, accepted, i, j, draw):
+    def one_run(heat, log_post, tried, accepted, key):
         # Per run under vmap, so that runs split over devices stay split (see `runtime.take_per_tree`).
+        k1, k2, k3 = jax.random.split(key, 3)
+        i = jax.random.randint(k1, (), 0, chains)
+        j = (i + 1 + jax.random.randint(k2, (), 0, chains - 1)) % chains
+        draw = jax.random.uniform(k3)
         hi, hj = heat[i], heat[j]
         accept = jnp.log(draw) < (beta[hi] - beta[hj]) * (log_post[j] - log_post[i])
         heat = heat.at[i].set(jnp.where(accept, hj, hi)).at[j].set(jnp.where(accept, hi, hj))
         low, high = jnp.minimum(hi, hj), jnp.maximum(hi, hj)
         return heat, tried.at[low, high].add(1), accepted.at[low, high].add(accept.astype(jnp.int32))
 
-    heat, tried, accepted = jax.vmap(one_run)(state.heat.reshape(runs, chains), log_post, state.swaps_tried,
-                                              state.swaps_accepted, i, j, draw)
+    heat, tried, accepted = jax.vmap(one_run)(state.heat.reshape(-1, chains), log_post, state.swaps_tried,
+                                              state.swaps_accepted, run_keys)
     return TemperedState(state.chains, heat.reshape(-1), tried, accepted)

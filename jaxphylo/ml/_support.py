@@ -21,6 +21,7 @@ that contain the split.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 import jax
@@ -185,23 +186,71 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     def payload():
         return {"done": done, "climb": None if climb is None else climb.state()}
 
+    on_round = (lambda best: progress(best)) if progress else None
     for first in range(len(done), replicates, BOOTSTRAP_BATCH):
         rows = columns[first: first + BOOTSTRAP_BATCH]
         where = f"after {len(done)} of {replicates} replicates"
         run.stop_point(payload, where)
-        climb = Climb(**climb) if climb is not None else _replicate_starts(resampling, result, rows, settings,
-                                                                           precision, mesh)
-        problem = _replicate_problem(resampling, result, rows, settings, precision, mesh)
-        while not climb.done:
-            run.stop_point(payload, where)
-            climb.step(lambda _: problem, settings, (lambda best: progress(best)) if progress else None)
-        trees = [searched_result(p, l, tuple(alignment.taxa), problem.model)[0] for p, l in zip(*climb.batch[:2])]
+        if (devices := _share_devices(mesh, len(rows))) is not None:
+            climb = _climb_in_shares(devices, resampling, result, rows, settings, precision, climb, stop, on_round)
+        else:
+            climb = Climb(**climb) if climb is not None else _replicate_starts(resampling, result, rows, settings,
+                                                                               precision, mesh)
+            problem = _replicate_problem(resampling, result, rows, settings, precision, mesh)
+            while not climb.done and stop.reason is None:
+                climb.step(lambda _: problem, settings, on_round)
+        if not climb.done:
+            run.stop_point(payload, where)  # a stop was requested: saves the climb and raises
+        model = search_template(result.model)
+        trees = [searched_result(p, l, tuple(alignment.taxa), model)[0] for p, l in zip(*climb.batch[:2])]
         done, climb = done + [(list(t.topology.parent), np.asarray(t.branch_lengths)) for t in trees], None
         run.save(payload)
     trees = [Tree(lengths, Topology(tuple(parent), tuple(alignment.taxa), rooted=False)) for parent, lengths in done]
     found = [set(splits(t)) for t in trees]
     supports = {split: 100.0 * np.mean([split in f for f in found]) for split in splits(result.tree)}
     return supports, trees
+
+
+def _share_devices(mesh, replicates: int):
+    """The devices that climb a batch's replicates in shares, one share each (`_climb_in_shares`): a mesh of
+    this process's devices whose patterns are not split; None otherwise (the batch is one climb)."""
+    if mesh is None or mesh.shape["patterns"] > 1 or mesh.shape["batch"] < 2 or replicates < 2:
+        return None
+    devices = list(mesh.devices[:, 0])
+    local = set(jax.local_devices())
+    return devices if all(d in local for d in devices) else None
+
+
+def _climb_in_shares(devices, resampling: Resampling, result, rows, settings, precision, saved, stop, on_round):
+    """The batch's climbs, one share of its replicates per device, each run by its own thread: `Climb`, done
+    unless `stop` interrupted it (then its state is every share's trees, in the replicates' order).
+
+    Split over a mesh instead, the replicates would climb in lock step: every NNI round and every optimiser
+    loop as long as the slowest replicate's anywhere, each iteration waiting for every device (weak scaling
+    0.50 on 2 GPUs, issue #41). A replicate's climb depends on its own columns alone (each tree is fitted
+    by its own optimiser, and a round keeps a tree unless its own move gains), so shares give the trees that
+    one batch gives. A thread per device keeps each GPU fed while the others wait for theirs.
+    """
+    shares = [part for part in np.array_split(np.arange(len(rows)), len(devices)) if len(part)]
+    start = None if saved is None else Climb(**saved).batch
+
+    def climb_share(device, part):
+        with jax.default_device(device):
+            if start is None:
+                climb = _replicate_starts(resampling, result, rows[part], settings, precision)
+            else:
+                climb = Climb(*(np.asarray(x)[part] for x in start), spr=False)
+            problem = _replicate_problem(resampling, result, rows[part], settings, precision)
+            while not climb.done and stop.reason is None:
+                climb.step(lambda _: problem, settings, on_round)
+            return climb
+
+    with ThreadPoolExecutor(len(shares)) as pool:
+        climbs = list(pool.map(climb_share, devices, shares))
+    whole = Climb(*(np.concatenate([np.asarray(c.batch[i]) for c in climbs]) for i in range(3)), spr=False)
+    if all(c.done for c in climbs):
+        whole.phase = "done"
+    return whole
 
 
 def _replicate_problem(resampling: Resampling, result, columns, settings, precision, mesh=None):

@@ -36,6 +36,8 @@ from ._distributed import join_processes as join_processes, mirror_outputs as mi
 from ._mesh import (
     AXES as AXES,
     add_per_tree as add_per_tree,
+    batch_shards as batch_shards,
+    batch_specs as batch_specs,
     MIN_PATTERNS_PER_DEVICE as MIN_PATTERNS_PER_DEVICE,
     default_mesh_shape as default_mesh_shape,
     device_mesh as device_mesh,
@@ -45,6 +47,7 @@ from ._mesh import (
     replicate as replicate,
     run_mesh as run_mesh,
     set_per_tree as set_per_tree,
+    splits_batch as splits_batch,
     take_per_tree as take_per_tree,
     to_device as to_device,
     to_host as to_host,

@@ -1,7 +1,8 @@
 """Device meshes and placing arrays on them: the two named axes `("batch", "patterns")` every multi-device
 run uses, the default shape for a problem, and copies or splits of host arrays that also work across the
-processes of `jax.distributed` (`replicate`, `place_batch`, `to_host`), and per-tree indexing that keeps a
-split batch split (`take_per_tree`, `set_per_tree`, `add_per_tree`)."""
+processes of `jax.distributed` (`replicate`, `place_batch`, `to_host`), per-tree indexing that keeps a
+split batch split (`take_per_tree`, `set_per_tree`, `add_per_tree`), and batches whose shares run apart, one
+per device (`batch_shards`)."""
 
 from __future__ import annotations
 
@@ -145,6 +146,34 @@ def set_per_tree(x: jax.Array, index, values, **kwargs) -> jax.Array:
 def add_per_tree(x: jax.Array, index, values) -> jax.Array:
     """`x[b, index[b]] += values[b]` for every tree (see `take_per_tree`)."""
     return jax.vmap(lambda a, i, v: a.at[i].add(v))(x, index, values)
+
+
+def splits_batch(mesh: Mesh | None, size: int) -> bool:
+    """Whether a batch of `size` (runs, replicates) runs in shares, one per row of `mesh` (`batch_shards`):
+    several rows, patterns not split, and the rows dividing `size`."""
+    return (mesh is not None and mesh.shape["batch"] > 1 and mesh.shape["patterns"] == 1
+            and size % mesh.shape["batch"] == 0)
+
+
+def batch_specs(tree):
+    """`PartitionSpec("batch")` for every leaf of `tree` with a leading (batch) axis, `PartitionSpec()` for scalars."""
+    return jax.tree.map(lambda x: PartitionSpec() if np.ndim(x) == 0 else PartitionSpec("batch"), tree)
+
+
+def batch_shards(fn, mesh: Mesh, batched: tuple, shared: tuple, out_specs):
+    """`fn(*batched, *shared)` with each row of `mesh` running its share of the batch on its own.
+
+    `batched` pytrees are split on their leading axis (`batch_specs`), `shared` ones copied to every device;
+    `out_specs` places the results (`jax.shard_map`'s). Under the SPMD partitioner a split batch runs in lock
+    step: a data-dependent loop (a walk, a dirty path, an optimiser's iterations) runs as long as the longest
+    member's anywhere, with an all-reduce of its condition on every iteration. In shares, a device's loops end
+    when its own members are done, and nothing crosses devices. Callers keep every draw per member (a chain's
+    or a replicate's own random stream), so that the result does not depend on how the batch was split.
+    """
+    specs = (*map(batch_specs, batched), *(jax.tree.map(lambda _: PartitionSpec(), s) for s in shared))
+    # check_vma off: the likelihood's foreign-function kernels (C++, Pallas) return values that carry no
+    # varying-axis type, and `out_specs` is what the caller knows: its shared results are the same everywhere.
+    return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)(*batched, *shared)
 
 
 def run_mesh(devices=None, mesh_shape: tuple[int | None, int | None] = (None, None), *, trees: int = 1,

@@ -59,7 +59,7 @@ from ...likelihood import accept_partials, batch_pattern_log_likelihoods
 from ...tree import anchors_on, ratio_coordinates_on, ratio_heights_on, ratio_log_jacobian_on
 from ...models import Model, ModelCoordinates, sample_model
 from .. import base
-from ..base import MCMCState, Proposal, check_moves, draw_moves, mixture
+from ..base import MCMCState, Proposal, chain_keys, check_moves, draw_moves, mixture
 from ..moves import (
     HMC_START_STEP, HMC_TARGET_ACCEPTANCE, ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, leapfrog_trajectory, propose_time_tree,
 )
@@ -296,7 +296,7 @@ def hmc_move(key, state: MCMCState, posterior: DatedPosterior, settings: DatedSe
     free = at.heights[:, posterior.free_tips]
     theta = (z, jax.scipy.special.logit((free - low) / (high - low)), at.params)
     mass = _adapted_mass(state.adaptation, theta, settings.adapt_mass & (state.generation < tune_generations))
-    new_theta, log_q = leapfrog_trajectory(key, log_target, theta, (internal, None, None), state.tunings[:, 2],
+    new_theta, log_q = leapfrog_trajectory(chain_keys(key, state.chain), log_target, theta, (internal, None, None), state.tunings[:, 2],
                                            settings.hmc_steps, inverse_mass=mass[3])
     heights, params, new_jacobian = unpack(new_theta)
     log_q += new_jacobian - unpack(theta)[2]
@@ -339,13 +339,12 @@ def _propose(posterior: DatedPosterior, settings: DatedSettings, tune_generation
 
     def propose(key, state: MCMCState, beta) -> Proposal:
         at = state.position
-        b = at.parents.shape[0]
         k_kind, k_move, k_hmc_pick, k_hmc = jax.random.split(key, 4)
-        kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, b)
+        kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, state.chain)
 
         def tree_moves(_):
             parents, heights, log_q = jax.vmap(propose_time_tree, in_axes=(0, 0, 0, 0, 0, None))(
-                kind, jax.random.split(k_move, b), at.parents, at.heights, state.tunings[:, :2], enabled)
+                kind, chain_keys(k_move, state.chain), at.parents, at.heights, state.tunings[:, :2], enabled)
             return TimeTreePosition(parents.astype(at.parents.dtype), heights, at.params), log_q, state.adaptation
 
         def hamiltonian(_):

@@ -35,14 +35,16 @@ from dataclasses import dataclass, replace
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 from numpyro.infer.util import potential_energy
 
 from ..._errors import InputError
 from ...likelihood import accept_partials, batch_pattern_log_likelihoods
 from ...models import Model, ModelCoordinates, sample_model
+from ...runtime import batch_shards, batch_specs, splits_batch
 from ...tree import from_view, to_view
 from .. import base, tempered
-from ..base import MCMCState, Proposal, check_moves, draw_moves, mixture, where
+from ..base import MCMCState, Proposal, chain_keys, check_moves, draw_moves, mixture, where
 from ..moves import (
     BRANCH_MOVES, HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, MULTIPLIER_TUNING, START_TUNING, TOPOLOGY_MOVES, hmc_proposal, propose_parameters, propose_tree, support_kind,
 )
@@ -186,12 +188,12 @@ def _propose(posterior: Posterior, settings: MC3Settings, weights):
     def propose(key, state: MCMCState, beta) -> Proposal:
         b = state.log_likelihood.shape[0]
         k_kind, k_move, k_hmc_pick, k_hmc = jax.random.split(key, 4)
-        kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, b)
+        kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, state.chain)
         at = state.position
 
         def hamiltonian(_):
-            edge, params, log_q = hmc_proposal(k_hmc, posterior, at.up, at.edge, at.root, at.params, beta,
-                                               state.tunings[:, 3], settings.hmc_steps)
+            edge, params, log_q = hmc_proposal(chain_keys(k_hmc, state.chain), posterior, at.up, at.edge, at.root,
+                                               at.params, beta, state.tunings[:, 3], settings.hmc_steps)
             return UnrootedPosition(at.up, edge, at.root, params), log_q, jnp.full(b, 3)
 
         local = lambda _: _local_proposals(state, posterior, settings, k_move, kind)  # noqa: E731
@@ -207,19 +209,18 @@ def _local_proposals(state: MCMCState, posterior: Posterior, settings: MC3Settin
     Returns `(position, log q, slot)`, `slot` the column of `tunings` the move used (-1 for a topology move).
     """
     at = state.position
-    b = at.up.shape[0]
     k_tree, k_param = jax.random.split(key)
     tree_kind = jnp.minimum(kind, len(TOPOLOGY_MOVES + BRANCH_MOVES) - 1)
     weights = dict(settings.moves)
     enabled = tuple(weights.get(name, 0.0) > 0 for name in TOPOLOGY_MOVES + BRANCH_MOVES)
     up, edge, log_q = jax.vmap(propose_tree, in_axes=(0, 0, 0, 0, None, 0, None))(
-        tree_kind, jax.random.split(k_tree, b), at.up, at.edge, posterior.num_tips, state.tunings[:, :3], enabled)
+        tree_kind, chain_keys(k_tree, state.chain), at.up, at.edge, posterior.num_tips, state.tunings[:, :3], enabled)
     moving_params = kind == MOVES.index("parameters")
     slot = jnp.where(kind >= len(TOPOLOGY_MOVES), kind - len(TOPOLOGY_MOVES), -1)
     params = at.params
     if jax.tree.leaves(at.params):
         walked, log_q_params, site = jax.vmap(propose_parameters, in_axes=(0, 0, None, 0))(
-            jax.random.split(k_param, b), at.params, posterior.supports(), state.tunings[:, 4:])
+            chain_keys(k_param, state.chain), at.params, posterior.supports(), state.tunings[:, 4:])
         params = where(moving_params, walked, at.params)
         log_q = jnp.where(moving_params, log_q_params, log_q)
         slot = jnp.where(moving_params, 4 + site, slot)
@@ -243,7 +244,7 @@ def build_kernel(posterior: Posterior, settings: MC3Settings, tune_generations, 
     proposals), at its heat, then the heat swaps (`tempered.tempered`)."""
     step = base.build_kernel(_propose(posterior, settings, move_weights(settings, has_params)), posterior.score,
                              _target_acceptance, tune_generations, (1e-4, 20.0), posterior.keep)
-    return tempered.tempered(step, settings.runs, settings.chains, settings.temperature)
+    return tempered.tempered(step, settings.chains, settings.temperature)
 
 
 class Sample(eqx.Module):
@@ -258,7 +259,7 @@ class Sample(eqx.Module):
 
 def cold_chains(state: tempered.TemperedState, settings: MC3Settings) -> Sample:
     """The cold chain of every run."""
-    shaped = lambda x: x.reshape((settings.runs, settings.chains) + x.shape[1:])  # noqa: E731
+    shaped = lambda x: x.reshape((-1, settings.chains) + x.shape[1:])  # noqa: E731
     cold = jnp.argmin(shaped(state.heat), axis=1)
     pick = lambda x: jnp.take_along_axis(shaped(x), cold.reshape((-1, 1) + (1,) * (x.ndim - 1)), axis=1)[:, 0]  # noqa
     chains = state.chains
@@ -270,13 +271,25 @@ def cold_chains(state: tempered.TemperedState, settings: MC3Settings) -> Sample:
 
 @eqx.filter_jit
 def run_block(state: tempered.TemperedState, key, posterior: Posterior, settings: MC3Settings, count,
-              tune_generations):
+              tune_generations, mesh=None):
     """`count` (<= `settings.block`) samples of `sample_every` generations each, `count` and
     `tune_generations` traced (one program per `settings.program()`); returns `(state, key, the cold chains at
-    each sample [block, runs, ...])` (rows past `count` repeat the last state)."""
-    step = build_kernel(posterior, settings, tune_generations, bool(jax.tree.leaves(state.chains.position.params)))
-    return base.sample_blocks(step, state, key, count, settings.block, settings.sample_every,
-                              lambda s: cold_chains(s, settings))
+    each sample [block, runs, ...])` (rows past `count` repeat the last state). On a `mesh` whose rows divide
+    the runs (patterns not split), each device runs its runs on its own (`runtime.batch_shards`); the chains
+    are those of one device, as every draw is a chain's or a run's own."""
+    has_params = bool(jax.tree.leaves(state.chains.position.params))
+
+    def block(state, key, posterior, count, tune_generations):
+        step = build_kernel(posterior, settings, tune_generations, has_params)
+        return base.sample_blocks(step, state, key, count, settings.block, settings.sample_every,
+                                  lambda s: cold_chains(s, settings))
+
+    if not splits_batch(mesh, settings.runs):
+        return block(state, key, posterior, count, tune_generations)
+    arrays, static = eqx.partition(posterior, eqx.is_array)
+    local = lambda state, key, arrays, count, tune: block(state, key, eqx.combine(arrays, static), count, tune)  # noqa
+    return batch_shards(local, mesh, (state,), (key, arrays, count, tune_generations),
+                        (batch_specs(state), PartitionSpec(), PartitionSpec(None, "batch")))
 
 
 def without_partials(state: tempered.TemperedState) -> tempered.TemperedState:

@@ -125,7 +125,7 @@ def mc3(
     while len(samples[0].generations) < total and not _converged(trace, settings):
         run.stop_point(payload, f"after {int(state.chains.generation)} generations")
         count = min(settings.block, total - len(samples[0].generations))
-        state, key, block = run_block(state, key, posterior, program, np.int32(count), tune)
+        state, key, block = run_block(state, key, posterior, program, np.int32(count), tune, mesh)
         block = jax.tree.map(to_host, block)  # under jax.distributed: every process reads all of it
         generation = int(state.chains.generation)
         _collect(block, count, generation, settings, coordinates, taxa, samples, files)

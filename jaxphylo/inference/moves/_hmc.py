@@ -32,9 +32,9 @@ HMC_START_STEP = 0.05
 HMC_TARGET_ACCEPTANCE = 0.65
 
 
-def hmc_proposal(key, posterior, up: Int[Array, "B M"], edge: Float[Array, "B M *K"], root: Int[Array, " B"],
+def hmc_proposal(keys, posterior, up: Int[Array, "B M"], edge: Float[Array, "B M *K"], root: Int[Array, " B"],
                  params: dict, beta: Float[Array, " B"], step_size: Float[Array, " B"], steps: int = HMC_STEPS):
-    """Every chain's leapfrog trajectory: `(edge', params', log q)` (`[B, ...]`)."""
+    """Every chain's leapfrog trajectory (`keys`: one per chain): `(edge', params', log q)` (`[B, ...]`)."""
     valid = (up >= 0).reshape(up.shape + (1,) * (edge.ndim - 2))  # unlinked lengths [B, M, K]: every part's
     per_chain_sum = lambda x: x.reshape(x.shape[0], -1).sum(-1)  # noqa: E731
 
@@ -45,13 +45,13 @@ def hmc_proposal(key, posterior, up: Int[Array, "B M"], edge: Float[Array, "B M 
         return value + per_chain_sum(jnp.where(valid, log_edge, 0.0))
 
     theta = (jnp.log(jnp.where(valid, edge, 1.0)), params)
-    (log_edge, new_params), log_q = leapfrog_trajectory(key, log_target, theta, (valid, None), step_size, steps)
+    (log_edge, new_params), log_q = leapfrog_trajectory(keys, log_target, theta, (valid, None), step_size, steps)
     new_edge = jnp.where(valid, jnp.exp(log_edge), 0.0)
     log_q = log_q + per_chain_sum(jnp.where(valid, log_edge - theta[0], 0.0))  # the edges' Jacobian, untempered
     return new_edge, new_params, jnp.where(jnp.isfinite(log_q), log_q, -jnp.inf)
 
 
-def leapfrog_trajectory(key, log_target, theta, movable, step_size: Float[Array, " B"], steps: int,
+def leapfrog_trajectory(keys, log_target, theta, movable, step_size: Float[Array, " B"], steps: int,
                         inverse_mass=None):
     """`steps` leapfrog steps of every chain from `theta` (leaves `[B, ...]`) under `log_target(theta) -> [B]`.
 
@@ -64,15 +64,16 @@ def leapfrog_trajectory(key, log_target, theta, movable, step_size: Float[Array,
     """
     inverse_mass = inverse_mass if inverse_mass is not None else jax.tree.map(jnp.ones_like, theta)
     gradient = jax.grad(lambda t: jnp.sum(log_target(t)))
-    k_momentum, k_jitter = jax.random.split(key)
+    k_momentum, k_jitter = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
     leaves, tree = jax.tree.flatten(theta)
-    noise = [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(jax.random.split(k_momentum, len(leaves)), leaves)]
+    noise = [jax.vmap(lambda k, x, i=i: jax.random.normal(jax.random.fold_in(k, i), x.shape, x.dtype))(k_momentum, x)
+             for i, x in enumerate(leaves)]
     masks = jax.tree.flatten(jax.tree.map(lambda mask, sub: jax.tree.map(lambda _: mask, sub), movable, theta,
                                           is_leaf=lambda x: x is None), is_leaf=lambda x: x is None)[0]
     scales = jax.tree.leaves(inverse_mass)
     momentum = jax.tree.unflatten(tree, [(r if mask is None else jnp.where(mask, r, 0.0)) / jnp.sqrt(w)
                                          for r, mask, w in zip(noise, masks, scales)])  # masked entries stay
-    eps = step_size * jax.random.uniform(k_jitter, step_size.shape, minval=0.8, maxval=1.2)
+    eps = step_size * jax.vmap(lambda k: jax.random.uniform(k, (), step_size.dtype, 0.8, 1.2))(k_jitter)
 
     def scaled(x):  # eps per chain, broadcast over the rest of a leaf
         return eps.reshape((-1,) + (1,) * (x.ndim - 1))
