@@ -125,10 +125,18 @@ def distributed(port: int, process_id: int) -> dict:
     with jax.default_device(jax.local_devices()[0]):
         reference, reference_gradient = jax.value_and_grad(
             lambda b: data_log_likelihood(data, tree.with_branch_lengths(b), model))(tree.branch_lengths)
+    # MC³ with a run per device of both processes (4 x 1): the runs' shares under one `shard_map` program
+    # (a mesh that spans processes), against one device of this process alone.
+    chains = []
+    for where in (jp.device_mesh(batch=4, patterns=1), None):
+        with jax.default_device(jax.local_devices()[0]):
+            chains.append(jp.inference.mc3(alignment, "HKY", runs=4, chains=2, generations=40, sample_every=20,
+                                           seed=5, mesh=where))
     return {"case": name, "process": jax.process_index(), "processes": jax.process_count(),
             "global_devices": len(jax.devices()), "local_devices": len(jax.local_devices()),
             "mesh": dict(mesh.shape), "sharded": float(value), "single": float(reference),
-            "gradient_difference": max_difference(gradient, reference_gradient)}
+            "gradient_difference": max_difference(gradient, reference_gradient),
+            "mc3": max(max_difference(a.columns, b.columns) for a, b in zip(*(c.runs for c in chains)))}
 
 
 def runs(alignment_path: str, reference: str) -> dict:

@@ -21,7 +21,6 @@ that contain the split.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 import jax
@@ -29,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment, distances
-from ..runtime import NEVER, BlockRun, alignment_digest, place_batch
+from ..runtime import NEVER, BlockRun, alignment_digest, on_devices, place_batch
 from ..tree import Topology, Tree, TreeBatch, bionj, fixed_branches, kernel_batch, kernel_splits, phase_widths, splits
 from ..likelihood import (
     PRECISIONS, kernel_tree_lengths, max_step_width, place_data, search_data, search_lengths, search_template,
@@ -234,19 +233,17 @@ def _climb_in_shares(devices, resampling: Resampling, result, rows, settings, pr
     shares = [part for part in np.array_split(np.arange(len(rows)), len(devices)) if len(part)]
     start = None if saved is None else Climb(**saved).batch
 
-    def climb_share(device, part):
-        with jax.default_device(device):
-            if start is None:
-                climb = _replicate_starts(resampling, result, rows[part], settings, precision)
-            else:
-                climb = Climb(*(np.asarray(x)[part] for x in start), spr=False)
-            problem = _replicate_problem(resampling, result, rows[part], settings, precision)
-            while not climb.done and stop.reason is None:
-                climb.step(lambda _: problem, settings, on_round)
-            return climb
+    def climb_share(part):
+        if start is None:
+            climb = _replicate_starts(resampling, result, rows[part], settings, precision)
+        else:
+            climb = Climb(*(np.asarray(x)[part] for x in start), spr=False)
+        problem = _replicate_problem(resampling, result, rows[part], settings, precision)
+        while not climb.done and stop.reason is None:
+            climb.step(lambda _: problem, settings, on_round)
+        return climb
 
-    with ThreadPoolExecutor(len(shares)) as pool:
-        climbs = list(pool.map(climb_share, devices, shares))
+    climbs = on_devices(climb_share, devices[:len(shares)], shares)
     whole = Climb(*(np.concatenate([np.asarray(c.batch[i]) for c in climbs]) for i in range(3)), spr=False)
     if all(c.done for c in climbs):
         whole.phase = "done"

@@ -35,12 +35,14 @@ from ._driver import BlockRun as BlockRun, from_numpy as from_numpy, to_numpy as
 from ._distributed import join_processes as join_processes, mirror_outputs as mirror_outputs
 from ._mesh import (
     AXES as AXES,
+    SHARE_TRACING as SHARE_TRACING,
     add_per_tree as add_per_tree,
     batch_shards as batch_shards,
     batch_specs as batch_specs,
     MIN_PATTERNS_PER_DEVICE as MIN_PATTERNS_PER_DEVICE,
     default_mesh_shape as default_mesh_shape,
     device_mesh as device_mesh,
+    on_devices as on_devices,
     padded_pattern_count as padded_pattern_count,
     place as place,
     place_batch as place_batch,

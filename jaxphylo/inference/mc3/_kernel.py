@@ -41,7 +41,7 @@ from numpyro.infer.util import potential_energy
 from ..._errors import InputError
 from ...likelihood import accept_partials, batch_pattern_log_likelihoods
 from ...models import Model, ModelCoordinates, sample_model
-from ...runtime import batch_shards, batch_specs, splits_batch
+from ...runtime import SHARE_TRACING, batch_shards, batch_specs, splits_batch
 from ...tree import from_view, to_view
 from .. import base, tempered
 from ..base import MCMCState, Proposal, chain_keys, check_moves, draw_moves, mixture, where
@@ -271,24 +271,28 @@ def cold_chains(state: tempered.TemperedState, settings: MC3Settings) -> Sample:
 
 @eqx.filter_jit
 def run_block(state: tempered.TemperedState, key, posterior: Posterior, settings: MC3Settings, count,
-              tune_generations, mesh=None):
+              tune_generations):
     """`count` (<= `settings.block`) samples of `sample_every` generations each, `count` and
     `tune_generations` traced (one program per `settings.program()`); returns `(state, key, the cold chains at
-    each sample [block, runs, ...])` (rows past `count` repeat the last state). On a `mesh` whose rows divide
-    the runs (patterns not split), each device runs its runs on its own (`runtime.batch_shards`); the chains
-    are those of one device, as every draw is a chain's or a run's own."""
-    has_params = bool(jax.tree.leaves(state.chains.position.params))
-
-    def block(state, key, posterior, count, tune_generations):
-        step = build_kernel(posterior, settings, tune_generations, has_params)
+    each sample [block, runs, ...])` (rows past `count` repeat the last state). Traced under
+    `runtime.SHARE_TRACING`: devices running shares of the runs (`next_block`) trace it in threads."""
+    with SHARE_TRACING:
+        step = build_kernel(posterior, settings, tune_generations, bool(jax.tree.leaves(state.chains.position.params)))
         return base.sample_blocks(step, state, key, count, settings.block, settings.sample_every,
                                   lambda s: cold_chains(s, settings))
 
+
+def next_block(state: tempered.TemperedState, key, posterior: Posterior, settings: MC3Settings, count,
+               tune_generations, mesh=None):
+    """`run_block`, on a `mesh` whose rows divide the runs (patterns not split) with each device running its
+    runs on its own (`runtime.batch_shards`); the chains are those of one device, as every draw is a chain's
+    or a run's own."""
     if not splits_batch(mesh, settings.runs):
-        return block(state, key, posterior, count, tune_generations)
+        return run_block(state, key, posterior, settings, count, tune_generations)
     arrays, static = eqx.partition(posterior, eqx.is_array)
-    local = lambda state, key, arrays, count, tune: block(state, key, eqx.combine(arrays, static), count, tune)  # noqa
-    return batch_shards(local, mesh, (state,), (key, arrays, count, tune_generations),
+    share = lambda state, key, arrays, count, tune: run_block(  # noqa: E731
+        state, key, eqx.combine(arrays, static), settings, count, tune)
+    return batch_shards(share, mesh, (state,), (key, arrays, count, tune_generations),
                         (batch_specs(state), PartitionSpec(), PartitionSpec(None, "batch")))
 
 

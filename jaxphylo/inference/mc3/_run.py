@@ -27,7 +27,7 @@ from ...tree import kernel_batch, phase_widths, random_topology_tree
 from ...likelihood import PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template
 from ...models import ModelCoordinates, PartitionedModel, describe_priors, model_record, parameter_names, resolve_model
 from ...io import nexus_trees_header
-from ._kernel import MC3Settings, MOVES, Posterior, init, run_block, with_partials, without_partials
+from ._kernel import MC3Settings, MOVES, Posterior, init, next_block, with_partials, without_partials
 from ._summary import RunSamples, asdsf, consensus_newick, convergence, split_frequencies, tree_newick
 
 
@@ -125,7 +125,7 @@ def mc3(
     while len(samples[0].generations) < total and not _converged(trace, settings):
         run.stop_point(payload, f"after {int(state.chains.generation)} generations")
         count = min(settings.block, total - len(samples[0].generations))
-        state, key, block = run_block(state, key, posterior, program, np.int32(count), tune, mesh)
+        state, key, block = next_block(state, key, posterior, program, np.int32(count), tune, mesh)
         block = jax.tree.map(to_host, block)  # under jax.distributed: every process reads all of it
         generation = int(state.chains.generation)
         _collect(block, count, generation, settings, coordinates, taxa, samples, files)
