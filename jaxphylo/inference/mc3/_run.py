@@ -89,10 +89,11 @@ def mc3(
     every block (`resume=True` continues it). `progress(generation, cold log
     L per run, ASDSF)` is called after every block. `prior_only` drops the
     likelihood (a test of the moves: the samples must follow the prior).
-    `mesh` (`jp.device_mesh`) spreads the chains over its `batch` axis (whole
-    runs per device when `batch` divides `runs`: heat swaps stay on a device)
-    and the patterns over `patterns`; the chains are the same, up to the order
-    of sums.
+    `mesh` (`jp.device_mesh`) spreads the chains over its `batch` axis and the
+    patterns over `patterns`. When `batch` divides `runs` and the patterns are
+    not split, each device runs its runs apart (`next_block`: no step waits for
+    another device). The chains are the same as on one device, up to the order
+    of sums: every draw is a chain's or a run's own.
     """
     settings = settings or MC3Settings(runs=runs, chains=chains, generations=generations, sample_every=sample_every,
                                        temperature=temperature, stop_asdsf=stop_asdsf)
