@@ -9,7 +9,9 @@
 `mc3` and `bootstrap` (weak scaling of whole runs): `--per-device` MC3 runs
 (4 chains, `--generations`) or bootstrap replicates per device on a real
 alignment, the batch over the devices, each run made twice (compile, then
-timed).
+timed). `--processes` (mc3): a count of n devices runs as n processes joined by
+`jax.distributed`, one device each (what `jaxphylo --distributed mcmc` does with
+a process per GPU), instead of one process driving n devices.
 
 `strong` (the default): one tree of TAXA x PATTERNS random patterns (HKY+G4, a
 random topology), `jax.value_and_grad` of `sharded_log_likelihood` with
@@ -47,6 +49,7 @@ import argparse
 import glob
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -110,7 +113,8 @@ def one_application(args, count: int) -> dict:
 
 
 def _peak(devices):
-    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices if d.platform != "cpu"]
+    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices
+             if d.platform != "cpu" and d.process_index == jax.process_index()]
     return max(peaks) if peaks and None not in peaks else None
 
 
@@ -271,6 +275,29 @@ def _gib(n) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
 
 
+def _in_processes(command, count: int, gpu_ids, cwd):
+    """One device count as `count` processes joined by `jax.distributed` on this host, process i seeing GPU i
+    (on a CPU: one host device each); the result of process 0, whose row the run reports."""
+    with socket.socket() as probe:  # a free port for the coordinator
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    runs = []
+    for i in range(count):
+        env = dict(CHILD_ENV)
+        if gpu_ids:
+            env["CUDA_VISIBLE_DEVICES"] = gpu_ids[i]
+        else:
+            env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                        if not f.startswith("--xla_force_host_platform_device_count"))
+        runs.append(subprocess.Popen([*command, "--process", str(i), "--port", str(port)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, cwd=cwd, env=env))
+    finished = [(run, *run.communicate()) for run in runs]
+    first, out, err = finished[0]
+    failed = next((f for f in finished if f[0].returncode != 0), None)
+    code = failed[0].returncode if failed else first.returncode
+    return subprocess.CompletedProcess(command, code, out, (failed or finished[0])[2])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--taxa", type=int, default=1000)
@@ -292,12 +319,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--processes", action="store_true", help="mc3: n devices as n processes, one device each")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one count, print its row
+    parser.add_argument("--process", type=int, help=argparse.SUPPRESS)  # internal: this process's index
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)  # internal: the coordinator's port
     args = parser.parse_args()
     if args.mode in ("mc3", "bootstrap") and not args.alignment:
         parser.error(f"--mode {args.mode} needs --alignment")
+    if args.processes and args.mode != "mc3":
+        parser.error("--processes is for --mode mc3")
     if args.one is not None:
-        print("ROW " + json.dumps(one_count(args, args.one)), flush=True)
+        if args.process is not None:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU runs; a GPU's are NCCL's
+            jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}", num_processes=args.one,
+                                       process_id=args.process, initialization_timeout=120)
+        row = one_count(args, args.one)
+        if jax.process_index() == 0:
+            print("ROW " + json.dumps(row), flush=True)
         return
 
     visible = len(jax.devices())
@@ -314,8 +352,11 @@ def main() -> None:
         gpu_ids = listed.split(",") if listed else [str(i) for i in range(visible)]
     for count in counts:
         command = [sys.executable, str(here), *sys.argv[1:], "--one", str(count)]
-        env = dict(CHILD_ENV, CUDA_VISIBLE_DEVICES=",".join(gpu_ids[:count])) if gpu_ids else CHILD_ENV
-        run = subprocess.run(command, capture_output=True, text=True, cwd=here.parent, env=env)
+        if args.processes and count > 1:
+            run = _in_processes(command, count, gpu_ids, here.parent)
+        else:
+            env = dict(CHILD_ENV, CUDA_VISIBLE_DEVICES=",".join(gpu_ids[:count])) if gpu_ids else CHILD_ENV
+            run = subprocess.run(command, capture_output=True, text=True, cwd=here.parent, env=env)
         rows = [line[4:] for line in run.stdout.splitlines() if line.startswith("ROW ")]
         if run.returncode != 0 or not rows:
             print(f"{count} devices failed:\n{run.stderr[-2000:]}", file=sys.stderr)

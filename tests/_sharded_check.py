@@ -176,7 +176,7 @@ def runs(alignment_path: str, reference: str) -> dict:
             except Interrupted:
                 stops += 1
     result["shares"] = {**compared(one, shares), "stops": stops, "resumed": compared(shares, resumed)}
-    # MC³ with a run per device: each device runs its own (`runtime.batch_shards`), drawing each chain's own
+    # MC³ with a run per device: each device runs its own (`runtime.run_shares`), drawing each chain's own
     # numbers: the chains of one device.
     chains = [jp.inference.mc3(alignment, "HKY", runs=4, chains=2, generations=60, sample_every=20, seed=4,
                                mesh=m) for m in (None, mesh)]

@@ -45,7 +45,7 @@ def chain_keys(key, chain: Int[Array, " B"]):
 
     Every per-chain draw comes from the chain's own stream, numbered by its index in the whole batch
     (`MCMCState.chain`): a chain draws the same numbers whichever chains share its device, so a run split over
-    devices, each running its share on its own (`runtime.batch_shards`), equals the run on one."""
+    devices, each running its share on its own (`runtime.run_shares`, `runtime.shard_batch`), equals the run on one."""
     return jax.vmap(jax.random.fold_in, (None, 0))(key, chain)
 
 

@@ -82,7 +82,7 @@ class BlockRun:
 
 def to_numpy(state) -> dict:
     """A device state (any pytree of arrays) as host arrays, for a checkpoint."""
-    return {"leaves": [to_host(x) for x in jax.tree.leaves(state)]}
+    return {"leaves": to_host(jax.tree.leaves(state))}
 
 
 def from_numpy(saved: dict, like):

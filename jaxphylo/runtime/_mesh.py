@@ -2,7 +2,7 @@
 run uses, the default shape for a problem, and copies or splits of host arrays that also work across the
 processes of `jax.distributed` (`replicate`, `place_batch`, `to_host`), per-tree indexing that keeps a
 split batch split (`take_per_tree`, `set_per_tree`, `add_per_tree`), and batches whose shares run apart, one
-per device (`batch_shards`)."""
+per device (`shard_batch`, `run_shares`)."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def add_per_tree(x: jax.Array, index, values) -> jax.Array:
 
 
 def splits_batch(mesh: Mesh | None, size: int) -> bool:
-    """Whether a batch of `size` (runs, replicates) runs in shares, one per row of `mesh` (`batch_shards`):
+    """Whether a batch of `size` (runs, replicates) runs in shares, one per row of `mesh` (`shard_batch`):
     several rows, patterns not split, and the rows dividing `size`."""
     return (mesh is not None and mesh.shape["batch"] > 1 and mesh.shape["patterns"] == 1
             and size % mesh.shape["batch"] == 0)
@@ -177,8 +177,9 @@ def on_devices(fn, devices, *per_device):
         return list(pool.map(one, devices, *per_device))
 
 
-def batch_shards(fn, mesh: Mesh, batched: tuple, shared: tuple, out_specs):
-    """`fn(*batched, *shared)` with each row of `mesh` running its share of the batch on its own.
+def shard_batch(fn, mesh: Mesh, batched: tuple, shared: tuple, out_specs):
+    """`fn(*batched, *shared)` with each row of `mesh` running its share of the batch on its own, as one
+    `jax.shard_map` program over the mesh (call it inside `jit`, so that it is traced once).
 
     `batched` pytrees are split on their leading axis (`batch_specs`), `shared` ones copied to every device;
     `out_specs` (`PartitionSpec`s, a prefix of the results) says how the shares' results join: `"batch"` on
@@ -187,27 +188,35 @@ def batch_shards(fn, mesh: Mesh, batched: tuple, shared: tuple, out_specs):
     iterations) runs as long as the longest member's anywhere, with an all-reduce of its condition on every
     iteration. In shares, a device's loops end when its own members are done. Callers keep every draw per
     member (a chain's or a replicate's own random stream), so that the result does not depend on the split.
-
-    A mesh of this process's devices runs `fn` once per device on the device's pieces, each call in a thread
-    of its own (`on_devices`: a GPU program's loops step through the host, so one thread runs one device's
-    program at a time), and joins the results without copies. One program over the mesh (`jax.shard_map`,
-    used where the mesh spans processes) ran MC³ at weak-scaling efficiency 0.61 on four H200s, where four
-    processes, a GPU each, ran at one GPU's speed. A program traced in the threads holds `SHARE_TRACING`
-    while it is traced.
+    This is the form for a mesh spanning processes (a process per GPU); on a mesh of this process's devices
+    `run_shares` is faster (one program over four H200s ran MC³ at weak-scaling efficiency 0.61, as one
+    process's threads did, while four processes, a GPU each, ran at one GPU's speed).
     """
     specs = (*map(batch_specs, batched), *(jax.tree.map(lambda _: PartitionSpec(), x) for x in shared))
+    # check_vma off: the likelihood's foreign-function kernels (C++, Pallas) return values that carry no
+    # varying-axis type, and `out_specs` is what the caller knows: its shared results are the same everywhere.
+    return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)(*batched, *shared)
+
+
+def is_local(mesh: Mesh) -> bool:
+    """Whether every device of `mesh` belongs to this process."""
+    local = set(jax.local_devices())
+    return all(d in local for d in mesh.devices.flat)
+
+
+def run_shares(fn, mesh: Mesh, batched: tuple, shared: tuple, out_specs):
+    """`shard_batch`'s result on a mesh of this process's devices, with `fn` (a jitted function) called once
+    per device on the device's pieces, each call in a thread of its own (`on_devices`: a GPU program's loops
+    step through the host, so a thread runs one device's program at a time), and the results joined without
+    copies. Arrays only: `shared` leaves are arrays or host values. A program traced in the threads holds
+    `SHARE_TRACING` while it is traced."""
+    specs = (*map(batch_specs, batched), *(jax.tree.map(lambda _: PartitionSpec(), x) for x in shared))
     devices = list(mesh.devices[:, 0])
-    if not all(d in set(jax.local_devices()) for d in devices):
-        # check_vma off: the likelihood's foreign-function kernels (C++, Pallas) return values that carry no
-        # varying-axis type, and `out_specs` is what the caller knows: its shared results are the same everywhere.
-        return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)(*batched, *shared)
-    args = (*batched, *shared)
-    placed = jax.tree.map(lambda x, spec: _put(x, NamedSharding(mesh, spec)), args, specs)
+    placed = jax.tree.map(lambda x, spec: _put(x, NamedSharding(mesh, spec)), (*batched, *shared), specs)
     leaves, structure = jax.tree.flatten(placed)
     pieces = [[_piece(leaf, device) for leaf in leaves] for device in devices]
     results = on_devices(lambda flat: fn(*jax.tree.unflatten(structure, flat)), devices, pieces)
     out_leaves = [jax.tree.leaves(r) for r in results]
-    out_structure = jax.tree.structure(results[0])
     leaf_specs = jax.tree.leaves(jax.tree.map(lambda spec, sub: jax.tree.map(lambda _: spec, sub), out_specs,
                                               results[0], is_leaf=lambda x: isinstance(x, PartitionSpec)),
                                  is_leaf=lambda x: isinstance(x, PartitionSpec))
@@ -218,7 +227,7 @@ def batch_shards(fn, mesh: Mesh, batched: tuple, shared: tuple, out_specs):
         if "batch" in spec:
             shape[list(spec).index("batch")] *= len(devices)
         joined.append(jax.make_array_from_single_device_arrays(tuple(shape), NamedSharding(mesh, spec), local))
-    return jax.tree.unflatten(out_structure, joined)
+    return jax.tree.unflatten(jax.tree.structure(results[0]), joined)
 
 
 def _piece(x, device):
@@ -251,11 +260,19 @@ def to_device(x, dtype=None) -> jax.Array:
     return jax.device_put(np.asarray(x, dtype))
 
 
-def to_host(x) -> np.ndarray:
-    """An array's whole value on the host, in every process: a global array split over other processes'
-    devices is gathered from them (`multihost_utils.process_allgather`); anything else is read as it is."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+def to_host(x):
+    """The whole value of an array, or of every array of a pytree, on the host, in every process: arrays split
+    over other processes' devices are gathered from them in one call (`multihost_utils.process_allgather`:
+    one program and one exchange for the whole pytree, where one per leaf cost a block of MC³ 0.6 s a leaf
+    on two CPU processes); anything else is read as it is."""
+    leaves, structure = jax.tree.flatten(x)
+    remote = [k for k, leaf in enumerate(leaves)
+              if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable and not leaf.is_fully_replicated]
+    host = [np.asarray(leaf) if k not in remote else None for k, leaf in enumerate(leaves)]
+    if remote:
         from jax.experimental import multihost_utils
 
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
+        gathered = multihost_utils.process_allgather([leaves[k] for k in remote], tiled=True)
+        for k, value in zip(remote, gathered):
+            host[k] = np.asarray(value)
+    return jax.tree.unflatten(structure, host)

@@ -140,14 +140,14 @@ def dated_mcmc(
         run.stop_point(payload, f"after {int(state.generation)} generations")
         count = min(settings.block, total - samples.count)
         state, key, block = run_block(state, key, posterior, program, np.int32(count), tune)
-        rows = _rows(jax.tree.map(to_host, block), count, int(state.generation), settings, posterior, reference)
+        rows = _rows(to_host(block), count, int(state.generation), settings, posterior, reference)
         for generation, chain_rows in rows:
             samples.add(generation, chain_rows)
             files.write(generation, chain_rows)
         run.save(payload)
         if progress is not None:
             progress(int(state.generation), np.asarray(to_host(state.log_likelihood + state.log_prior)))
-    state = jax.tree.map(to_host, state)
+    state = to_host(state)
     proposed, accepted = state.proposed.sum(0), state.accepted.sum(0)
     acceptance = {m: float(a / p) for m, p, a in zip(DATED_MOVES, proposed, accepted) if p > 0}
     result = DatedResult(taxa, samples, settings, reference, acceptance, int(state.generation),

@@ -41,7 +41,7 @@ from numpyro.infer.util import potential_energy
 from ..._errors import InputError
 from ...likelihood import accept_partials, batch_pattern_log_likelihoods
 from ...models import Model, ModelCoordinates, sample_model
-from ...runtime import SHARE_TRACING, batch_shards, batch_specs, splits_batch
+from ...runtime import SHARE_TRACING, batch_specs, is_local, run_shares, shard_batch, splits_batch
 from ...tree import from_view, to_view
 from .. import base, tempered
 from ..base import MCMCState, Proposal, chain_keys, check_moves, draw_moves, mixture, where
@@ -269,31 +269,48 @@ def cold_chains(state: tempered.TemperedState, settings: MC3Settings) -> Sample:
                   pick(chains.log_prior))
 
 
-@eqx.filter_jit
-def run_block(state: tempered.TemperedState, key, posterior: Posterior, settings: MC3Settings, count,
-              tune_generations):
-    """`count` (<= `settings.block`) samples of `sample_every` generations each, `count` and
-    `tune_generations` traced (one program per `settings.program()`); returns `(state, key, the cold chains at
-    each sample [block, runs, ...])` (rows past `count` repeat the last state). Traced under
-    `runtime.SHARE_TRACING`: devices running shares of the runs (`next_block`) trace it in threads."""
-    with SHARE_TRACING:
+def _block(state: tempered.TemperedState, key, posterior: Posterior, settings: MC3Settings, count,
+           tune_generations):
+    with SHARE_TRACING:  # traced in threads by `next_block` (NumPyro's handlers are not per thread)
         step = build_kernel(posterior, settings, tune_generations, bool(jax.tree.leaves(state.chains.position.params)))
         return base.sample_blocks(step, state, key, count, settings.block, settings.sample_every,
                                   lambda s: cold_chains(s, settings))
 
 
+@eqx.filter_jit
+def run_block(state: tempered.TemperedState, key, posterior: Posterior, settings: MC3Settings, count,
+              tune_generations, mesh=None):
+    """`count` (<= `settings.block`) samples of `sample_every` generations each, `count` and
+    `tune_generations` traced (one program per `settings.program()`); returns `(state, key, the cold chains at
+    each sample [block, runs, ...])` (rows past `count` repeat the last state). With `mesh` (rows dividing
+    the runs, patterns not split) each device runs its runs on its own under one `shard_map` program
+    (`runtime.shard_batch`)."""
+    if mesh is None:
+        return _block(state, key, posterior, settings, count, tune_generations)
+    arrays, static = eqx.partition(posterior, eqx.is_array)
+    share = lambda state, key, arrays, count, tune: _block(  # noqa: E731
+        state, key, eqx.combine(arrays, static), settings, count, tune)
+    return shard_batch(share, mesh, (state,), (key, arrays, count, tune_generations), _block_specs(state))
+
+
+def _block_specs(state):
+    return batch_specs(state), PartitionSpec(), PartitionSpec(None, "batch")
+
+
 def next_block(state: tempered.TemperedState, key, posterior: Posterior, settings: MC3Settings, count,
                tune_generations, mesh=None):
-    """`run_block`, on a `mesh` whose rows divide the runs (patterns not split) with each device running its
-    runs on its own (`runtime.batch_shards`); the chains are those of one device, as every draw is a chain's
-    or a run's own."""
+    """`run_block` as `mesh` allows: on a mesh whose rows divide the runs (patterns not split), each device
+    runs its runs on its own: a thread per device on this process's devices (`runtime.run_shares`), one
+    `shard_map` program on a mesh spanning processes. The chains are those of one device, as every draw is
+    a chain's or a run's own."""
     if not splits_batch(mesh, settings.runs):
         return run_block(state, key, posterior, settings, count, tune_generations)
+    if not is_local(mesh):
+        return run_block(state, key, posterior, settings, count, tune_generations, mesh)
     arrays, static = eqx.partition(posterior, eqx.is_array)
     share = lambda state, key, arrays, count, tune: run_block(  # noqa: E731
         state, key, eqx.combine(arrays, static), settings, count, tune)
-    return batch_shards(share, mesh, (state,), (key, arrays, count, tune_generations),
-                        (batch_specs(state), PartitionSpec(), PartitionSpec(None, "batch")))
+    return run_shares(share, mesh, (state,), (key, arrays, count, tune_generations), _block_specs(state))
 
 
 def without_partials(state: tempered.TemperedState) -> tempered.TemperedState:

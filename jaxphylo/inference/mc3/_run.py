@@ -127,7 +127,7 @@ def mc3(
         run.stop_point(payload, f"after {int(state.chains.generation)} generations")
         count = min(settings.block, total - len(samples[0].generations))
         state, key, block = next_block(state, key, posterior, program, np.int32(count), tune, mesh)
-        block = jax.tree.map(to_host, block)  # under jax.distributed: every process reads all of it
+        block = to_host(block)  # under jax.distributed: every process reads all of it
         generation = int(state.chains.generation)
         _collect(block, count, generation, settings, coordinates, taxa, samples, files)
         trace.append((generation, asdsf(samples, settings.burnin, settings.min_split_frequency)))
@@ -205,7 +205,7 @@ def _collect(block, count, generation, settings, coordinates, taxa, samples, fil
 
 
 def _result(state, samples, names, settings, trace, taxa, seconds) -> MC3Result:
-    state = jax.tree.map(to_host, state)
+    state = to_host(state)
     proposed, accepted = state.chains.proposed.sum(0), state.chains.accepted.sum(0)
     acceptance = {m: float(a / p) for m, p, a in zip(MOVES, proposed, accepted) if p > 0}
     tried = np.asarray(state.swaps_tried)
