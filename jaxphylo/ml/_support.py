@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment, distances
-from ..runtime import NEVER, BlockRun, alignment_digest, on_devices, place_batch
+from ..runtime import NEVER, BlockRun, alignment_digest, is_local, on_devices, place_batch
 from ..tree import Topology, Tree, TreeBatch, bionj, fixed_branches, kernel_batch, kernel_splits, phase_widths, splits
 from ..likelihood import (
     PRECISIONS, kernel_tree_lengths, max_step_width, place_data, search_data, search_lengths, search_template,
@@ -213,11 +213,9 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
 def _share_devices(mesh, replicates: int):
     """The devices that climb a batch's replicates in shares, one share each (`_climb_in_shares`): a mesh of
     this process's devices whose patterns are not split; None otherwise (the batch is one climb)."""
-    if mesh is None or mesh.shape["patterns"] > 1 or mesh.shape["batch"] < 2 or replicates < 2:
+    if mesh is None or mesh.shape["patterns"] > 1 or mesh.shape["batch"] < 2 or replicates < 2 or not is_local(mesh):
         return None
-    devices = list(mesh.devices[:, 0])
-    local = set(jax.local_devices())
-    return devices if all(d in local for d in devices) else None
+    return list(mesh.devices[:, 0])
 
 
 def _climb_in_shares(devices, resampling: Resampling, result, rows, settings, precision, saved, stop, on_round):
