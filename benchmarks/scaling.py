@@ -291,11 +291,9 @@ def _in_processes(command, count: int, gpu_ids, cwd):
                                         if not f.startswith("--xla_force_host_platform_device_count"))
         runs.append(subprocess.Popen([*command, "--process", str(i), "--port", str(port)], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, cwd=cwd, env=env))
-    finished = [(run, *run.communicate()) for run in runs]
-    first, out, err = finished[0]
-    failed = next((f for f in finished if f[0].returncode != 0), None)
-    code = failed[0].returncode if failed else first.returncode
-    return subprocess.CompletedProcess(command, code, out, (failed or finished[0])[2])
+    outputs = [run.communicate() for run in runs]
+    failed = next((k for k, run in enumerate(runs) if run.returncode != 0), 0)  # else process 0, which reports
+    return subprocess.CompletedProcess(command, runs[failed].returncode, outputs[0][0], outputs[failed][1])
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _stops import StopAfter
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "DS1"
 MODEL = "HKY{2}+F{0.3,0.2,0.2,0.3}+I{0.1}"
@@ -194,18 +195,6 @@ def runs(alignment_path: str, reference: str) -> dict:
             logs.append({k: np.asarray(posterior[k]) for k in posterior.data_vars})
         result["nuts"] = max(float(np.max(np.abs(logs[0][k] - logs[1][k]))) for k in logs[0])
     return result
-
-
-class StopAfter:
-    """A stop request that fires on its (reads + 1)-th reading (tests/conftest.py's, for this process)."""
-
-    def __init__(self, reads: int):
-        self.reads = reads
-
-    @property
-    def reason(self):
-        self.reads -= 1
-        return "test stop" if self.reads < 0 else None
 
 
 def compared(first, second) -> dict:

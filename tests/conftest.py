@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _stops import StopAfter as StopAfter  # the tests import it from here
 
 
 def _compilation_cache_dir() -> Path:
@@ -67,18 +68,6 @@ def iqtree_log_likelihood(alignment_path, tree_path, model: str, workdir: Path, 
         if line.startswith("Log-likelihood of the tree:"):
             return float(line.split(":")[1].split()[0])
     raise AssertionError("IQ-TREE printed no log-likelihood")
-
-
-class StopAfter:
-    """A stop request that fires on its (reads + 1)-th reading, as a signal arriving mid-run would."""
-
-    def __init__(self, reads: int):
-        self.reads = reads
-
-    @property
-    def reason(self):
-        self.reads -= 1
-        return "test stop" if self.reads < 0 else None
 
 
 def sigterm_at_random_moment(command, low: float, high: float, **popen) -> tuple[str, float]:

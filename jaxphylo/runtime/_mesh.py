@@ -192,10 +192,15 @@ def shard_batch(fn, mesh: Mesh, batched: tuple, shared: tuple, out_specs):
     `run_shares` is faster (one program over four H200s ran MC³ at weak-scaling efficiency 0.61, as one
     process's threads did, while four processes, a GPU each, ran at one GPU's speed).
     """
-    specs = (*map(batch_specs, batched), *(jax.tree.map(lambda _: PartitionSpec(), x) for x in shared))
+    specs = _in_specs(batched, shared)
     # check_vma off: the likelihood's foreign-function kernels (C++, Pallas) return values that carry no
     # varying-axis type, and `out_specs` is what the caller knows: its shared results are the same everywhere.
     return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)(*batched, *shared)
+
+
+def _in_specs(batched: tuple, shared: tuple) -> tuple:
+    """`batched` pytrees split over `batch` on their leading axis, `shared` ones copied to every device."""
+    return (*map(batch_specs, batched), *(jax.tree.map(lambda _: PartitionSpec(), x) for x in shared))
 
 
 def is_local(mesh: Mesh) -> bool:
@@ -210,7 +215,7 @@ def run_shares(fn, mesh: Mesh, batched: tuple, shared: tuple, out_specs):
     step through the host, so a thread runs one device's program at a time), and the results joined without
     copies. Arrays only: `shared` leaves are arrays or host values. A program traced in the threads holds
     `SHARE_TRACING` while it is traced."""
-    specs = (*map(batch_specs, batched), *(jax.tree.map(lambda _: PartitionSpec(), x) for x in shared))
+    specs = _in_specs(batched, shared)
     devices = list(mesh.devices[:, 0])
     placed = jax.tree.map(lambda x, spec: _put(x, NamedSharding(mesh, spec)), (*batched, *shared), specs)
     leaves, structure = jax.tree.flatten(placed)
@@ -266,9 +271,10 @@ def to_host(x):
     one program and one exchange for the whole pytree, where one per leaf cost a block of MC³ 0.6 s a leaf
     on two CPU processes); anything else is read as it is."""
     leaves, structure = jax.tree.flatten(x)
-    remote = [k for k, leaf in enumerate(leaves)
-              if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable and not leaf.is_fully_replicated]
-    host = [np.asarray(leaf) if k not in remote else None for k, leaf in enumerate(leaves)]
+    split = [isinstance(leaf, jax.Array) and not leaf.is_fully_addressable and not leaf.is_fully_replicated
+             for leaf in leaves]
+    remote = [k for k, is_split in enumerate(split) if is_split]
+    host = [None if is_split else np.asarray(leaf) for leaf, is_split in zip(leaves, split)]
     if remote:
         from jax.experimental import multihost_utils
 
