@@ -268,8 +268,8 @@ def to_device(x, dtype=None) -> jax.Array:
 def to_host(x):
     """The whole value of an array, or of every array of a pytree, on the host, in every process: arrays split
     over other processes' devices are gathered from them in one call (`multihost_utils.process_allgather`:
-    one program and one exchange for the whole pytree, where one per leaf cost a block of MC³ 0.6 s a leaf
-    on two CPU processes); anything else is read as it is."""
+    one program and one exchange for the whole pytree: one per leaf made a block of MC³ on two CPU processes
+    wait 0.6 s per leaf); anything else is read as it is."""
     leaves, structure = jax.tree.flatten(x)
     split = [isinstance(leaf, jax.Array) and not leaf.is_fully_addressable and not leaf.is_fully_replicated
              for leaf in leaves]
