@@ -103,6 +103,96 @@ def test_nni_scores_equal_whole_tree_likelihoods():
                                        atol=1e-8)
 
 
+def test_rell_scores_equal_per_pattern_likelihoods_under_resampled_counts():
+    """UFBoot's RELL values (`nni_scores(..., rell=counts)`) against the per-pattern path SH-aLRT uses: each
+    tree's own value is `counts @ log L_p`, and its best neighbour per replicate is the best valid (edge, swap)
+    of `counts @ (log L_p after - log L_p now)`, to 1e-8 (float64, sums in another order); a floor on the
+    neighbours' log L leaves out exactly those below it."""
+    alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(9)], seed=4), jp.parse_model("JC"),
+                            200, seed=2)
+    model = jp.parse_model("HKY{2.5}+F{0.3,0.2,0.2,0.3}+G4{0.3}")
+    trees = kernel_batch([jp.random_topology_tree(alignment.taxa, seed=k) for k in (7, 8)])
+    data = pattern_data(alignment, trees)
+    weights = jnp.broadcast_to(data.weights, (2, data.weights.shape[0]))
+    counts = jnp.asarray(ml.UFBoot(ml.UFBootSettings(), np.asarray(data.weights), None, 3, trees.taxa).counts[:7])
+    score = jax.jit(nni_scores, static_argnums=(5, 6, 7))
+    plain = score(trees.parents, trees.branch_lengths, model, data, weights, phase_widths(9), jnp.float64, True)
+    rell = score(trees.parents, trees.branch_lengths, model, data, weights, phase_widths(9), jnp.float64, False,
+                 counts).rell
+    per_tree = jp.likelihood.batch_pattern_log_likelihoods(model, trees.parents, trees.branch_lengths, data,
+                                                           phase_widths(9), jnp.float64)
+    np.testing.assert_allclose(rell.tree, per_tree @ counts.T, rtol=1e-10)
+    np.testing.assert_allclose(rell.log_likelihood, batch_data_log_likelihoods(data, trees, model), rtol=1e-10)
+    resampled = jnp.einsum("bejp,rp->brej", plain.pattern_gains, counts)
+    resampled = jnp.where(plain.valid[:, None, :, None], resampled, -jnp.inf).reshape(2, 7, -1)
+    np.testing.assert_allclose(rell.gain, resampled.max(-1), atol=1e-8)
+    np.testing.assert_array_equal(jnp.take_along_axis(resampled, rell.move[..., None], -1)[..., 0], rell.gain)
+    # A floor between the neighbours' log L: those below it are never a replicate's best.
+    after = rell.log_likelihood[:, None, None] + plain.gains  # [B, E, 2]
+    floor = float(jnp.median(after[jnp.isfinite(after)]))
+    floored = score(trees.parents, trees.branch_lengths, model, data, weights, phase_widths(9), jnp.float64, False,
+                    counts, floor).rell
+    kept = jnp.where((after >= floor)[:, None].reshape(2, 1, -1), resampled, -jnp.inf)
+    np.testing.assert_allclose(floored.gain, kept.max(-1), atol=1e-8)
+
+
+def _ufboot_scores(own, tree_rell):
+    """Scores as `UFBoot.observe` reads them, for trees whose neighbours are all left out."""
+    from types import SimpleNamespace
+
+    own, tree_rell = np.atleast_1d(own).astype(float), np.atleast_2d(tree_rell).astype(float)
+    b, r = tree_rell.shape
+    return SimpleNamespace(rell=SimpleNamespace(log_likelihood=own, tree=tree_rell, gain=np.full((b, r), -np.inf),
+                                                move=np.zeros((b, r), int)),
+                           nodes=np.zeros((b, 1, 5), int), lengths=np.zeros((b, 1, 2)), gains=np.zeros((b, 1, 2)))
+
+
+def test_ufboot_keeps_the_best_tree_per_replicate_and_shares_ties():
+    """A replicate keeps the tree with the highest RELL log L; distinct topologies within the tie tolerance
+    share the replicates (each kept with probability 1/k, UFBoot2's rule), a topology met again does not
+    count twice, and a tree far below every kept tree's log L is no candidate (IQ-TREE's cutoff)."""
+    taxa = [f"t{i}" for i in range(6)]
+    a, b, c = (kernel_batch([jp.random_topology_tree(taxa, seed=k)]) for k in (1, 3, 4))
+    assert len({frozenset(ml.splits(t)) for t in (a.to_trees()[0], b.to_trees()[0], c.to_trees()[0])}) == 3
+    boot = ml.UFBoot(ml.UFBootSettings(2000), np.array([3.0, 2.0, 5.0]), None, 0, taxa)
+    r = boot.replicates
+    observe = lambda t, own, value: boot.observe(t.parents, t.branch_lengths, _ufboot_scores(own, value))  # noqa
+    observe(a, -100.0, np.full(r, -100.0))
+    observe(b, -100.2, np.full(r, -100.1))  # a tie (within 0.5): kept by about half
+    share_b = np.mean([k == boot.key(np.asarray(b.parents[0])) for k in boot.keys])
+    assert 0.45 < share_b < 0.55, share_b
+    observe(a, -100.0, np.full(r, -100.0))  # `a` again: still two tied topologies, nothing moves
+    assert np.mean([k == boot.key(np.asarray(b.parents[0])) for k in boot.keys]) == share_b
+    observe(c, -102.0, np.full(r, -50.0))  # far better RELL, but more than 1 below every kept tree's log L
+    assert boot.best.max() < -99
+    values = np.where(np.arange(r) < r // 4, -90.0, -120.0)
+    observe(c, -100.5, values)  # within the cutoff: a quarter of the replicates now prefer it
+    supports = boot.split_supports()
+    for split in ml.splits(c.to_trees()[0]):
+        assert supports[split] >= 25.0
+    assert sum(k == boot.key(np.asarray(c.parents[0])) for k in boot.keys) == r // 4
+    saved = boot.state()
+    again = ml.UFBoot(ml.UFBootSettings(2000), np.array([3.0, 2.0, 5.0]), None, 0, taxa)
+    again.restore(saved)
+    assert again.split_supports() == supports
+
+
+def test_ufboot_settles_when_supports_stop_moving():
+    """The search may stop once two checks `check_every` perturbed trees apart correlate by `min_correlation`,
+    or at `max_perturbed`."""
+    taxa = [f"t{i}" for i in range(6)]
+    a, b = (kernel_batch([jp.random_topology_tree(taxa, seed=k)]) for k in (1, 3))  # two topologies
+    boot = ml.UFBoot(ml.UFBootSettings(1000, check_every=50, max_perturbed=400), np.array([3.0, 2.0, 5.0]), None, 0,
+                     taxa)
+    boot.observe(a.parents, a.branch_lengths, _ufboot_scores(-10.0, np.full(1000, -10.0)))
+    assert not boot.settled(10)  # the first check only records the supports
+    assert not boot.settled(40)  # fewer than 50 trees since
+    boot.observe(b.parents, b.branch_lengths, _ufboot_scores(-10.0, np.where(np.arange(1000) < 600, -1.0, -20.0)))
+    assert not boot.settled(60)  # the supports moved
+    assert boot.settled(110)  # and then stayed
+    assert boot.settled(400)
+
+
 def test_spr_scores_equal_whole_tree_likelihoods():
     """The lazy SPR scores are exact for the tree they describe (every other branch keeps its length)."""
     alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(9)], seed=4), jp.parse_model("JC"),
@@ -293,6 +383,37 @@ def test_interrupted_search_resumes_to_the_uninterrupted_result(simulated, tmp_p
         run(checkpoint=path, resume=True)
 
 
+def test_ufboot_search_supports_resume_and_bnni(simulated, tmp_path):
+    """`search(..., ufboot=...)`: the ML tree (the true one) with UFBoot supports that are the split frequencies
+    of the 1,000 replicate trees (high here: clear signal); stopped at random rounds and resumed, the same
+    supports and checkpoint bytes as a search never stopped; `-bnni` climbs every replicate's tree."""
+    truth, alignment, settings, result = simulated
+    boot = ml.UFBootSettings(1000, check_every=8, max_perturbed=24)
+    run = lambda **kw: ml.search(alignment, "HKY+G4", settings=settings, seed=1, **kw)  # noqa: E731
+    whole = run(checkpoint=tmp_path / "whole.ckpt", ufboot=boot)
+    assert ml.robinson_foulds(whole.tree, truth) == 0
+    assert whole.log_likelihood == pytest.approx(result.log_likelihood, abs=1e-3)
+    assert set(whole.ufboot) == set(ml.splits(truth)) and min(whole.ufboot.values()) >= 90, whole.ufboot
+    assert len(whole.ufboot_trees) == 1000
+    found = [set(ml.splits(t)) for t in whole.ufboot_trees]
+    for split, value in whole.ufboot.items():
+        assert value == pytest.approx(100 * np.mean([split in f for f in found]))
+    assert whole.trace[-1][3] >= result.trace[-1][3] + boot.check_every  # perturbed on until the supports settled
+    path, rng, stops = tmp_path / "search.ckpt", np.random.default_rng(2), 0
+    with pytest.raises(Interrupted):
+        run(checkpoint=path, ufboot=boot, stop=StopAfter(int(rng.integers(3, 12))))
+    while True:
+        try:
+            resumed = run(checkpoint=path, ufboot=boot, resume=True, stop=StopAfter(int(rng.integers(3, 12))))
+            break
+        except Interrupted:
+            stops += 1
+    assert resumed.ufboot == whole.ufboot and resumed.log_likelihood == whole.log_likelihood
+    assert path.read_bytes() == (tmp_path / "whole.ckpt").read_bytes()
+    refined = run(ufboot=replace(boot, bnni=True))
+    assert len(refined.ufboot_trees) == 1000 and min(refined.ufboot.values()) >= 90
+
+
 def test_a_start_with_a_non_finite_likelihood_stops_the_search_with_its_cause(simulated):
     _, alignment, settings, _ = simulated
     with pytest.raises(jp.ModelError, match="log-likelihood of start tree 1 is nan: site pattern"):
@@ -385,8 +506,27 @@ def test_ml_sigterm_at_a_random_moment_exits_saved_and_resumes_to_the_same_bytes
         assert (tmp_path / name).read_bytes() == (reference / name).read_bytes(), f"{name} (SIGTERM at {delay:.1f} s)"
 
 
+def test_ml_command_writes_ufboot_supports_and_trees(simulated, tmp_path):
+    """`jaxphylo ml -B 1000`: supports on the tree (`SH-aLRT/UFBoot` with `--alrt`, IQ-TREE's order) and every
+    replicate's tree in PREFIX.ufboot."""
+    truth, alignment, _, _ = simulated
+    write_fasta(alignment, tmp_path / "sim.fasta")
+    done = run_cli("ml", "sim.fasta", "-m", "HKY+G4", "--patience", "1", "--batch", "2", "--ninit", "6", "--ntop", "2",
+                   "--alrt", "100", "-B", "1000", "-nstep", "4", "-nm", "8", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    tree = jp.read_tree(tmp_path / "sim.fasta.treefile")
+    assert ml.robinson_foulds(tree, truth) == 0
+    labels = [x for x in tree.topology.labels if x is not None]
+    assert len(labels) == len(truth.taxa) - 3 and all(float(x.split("/")[1]) >= 90 for x in labels), labels
+    replicates = (tmp_path / "sim.fasta.ufboot").read_text().strip().splitlines()
+    assert len(replicates) == 1000 and all(line.endswith(";") for line in replicates)
+    assert json.loads((tmp_path / "sim.fasta.json").read_text())["support_labels"] == "SH-aLRT/UFBoot"
+
+
 @pytest.mark.parametrize("args,message", [
     (("-m", "HKY+Q"), "unknown term"),
+    (("-m", "HKY", "-B", "500"), "at least 1000 replicates"),
+    (("-m", "HKY", "--bnni"), "give -B too"),
     (("-m", "HKY", "--tree", "OTHER"), "taxon 'x' is not in"),
 ])
 def test_ml_bad_input_is_one_line(tmp_path, args, message):

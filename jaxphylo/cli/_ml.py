@@ -29,6 +29,17 @@ def add_command(commands) -> None:
                                                         "no perturbation (RAxML-NG's --fast, FastTree's regime)")
     ml.add_argument("--bootstrap", "-b", type=int, default=0, help="non-parametric bootstrap replicates")
     ml.add_argument("--alrt", type=int, default=0, help="SH-aLRT RELL replicates (IQ-TREE: 1000)")
+    ml.add_argument("-B", "--ufboot", type=int, default=0,
+                    help="ultrafast bootstrap replicates (IQ-TREE's -B; at least 1000): RELL over the trees the "
+                         "search meets; the search goes on until the supports settle; PREFIX.ufboot")
+    ml.add_argument("--bnni", "-bnni", action="store_true",
+                    help="with -B: NNI-climb every replicate's tree on its own resampled sites (UFBoot2's -bnni, "
+                         "against model violations)")
+    ml.add_argument("-nstep", type=int, default=100, help="with -B: perturbed trees between checks of the supports")
+    ml.add_argument("-nm", type=int, default=1000, help="with -B: perturbed trees at most while supports settle")
+    ml.add_argument("-bcor", type=float, default=0.99, help="with -B: the correlation of two checks' supports that "
+                                                            "ends the search")
+    ml.add_argument("-beps", type=float, default=0.5, help="with -B: RELL log L closer than this tie")
     ml.add_argument("--patience", type=int, default=100, help="perturbed trees without improvement before stopping")
     ml.add_argument("--batch", type=int, default=0,
                     help="trees perturbed and climbed together per round (0: chosen from the device and its memory)")
@@ -67,6 +78,12 @@ def run(args) -> None:
     start = jp.read_tree(args.tree) if args.tree else fixed
     if args.bootstrap and fixed is not None:
         raise JaxphyloError("--bootstrap searches a tree per replicate; it does not combine with -te")
+    if args.ufboot and fixed is not None:
+        raise JaxphyloError("-B samples the trees a search meets; it does not combine with -te")
+    if args.bnni and not args.ufboot:
+        raise JaxphyloError("--bnni refines ultrafast bootstrap trees: give -B too")
+    ufboot = ml.UFBootSettings(args.ufboot, args.bnni, args.nstep, args.nm, args.bcor, args.beps) if args.ufboot \
+        else 0
     selecting = _selecting(model_string)
     model = partitioned_model_of(args, alignment, model_string) if partitions and not selecting else model_string
     # Bad input fails here, before any output (with MF/MFP only the start tree can be checked yet).
@@ -110,7 +127,7 @@ def run(args) -> None:
 
         result = ml.search(alignment, model, start, seed=args.seed, settings=settings, precision=args.precision,
                            checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop, mesh=mesh,
-                           progress=progress)
+                           progress=progress, ufboot=ufboot)
     labelled, supports = [], {}
     if args.alrt:
         log(f"# SH-aLRT with {args.alrt} RELL replicates")
@@ -122,9 +139,18 @@ def run(args) -> None:
                                                 settings=settings, precision=args.precision,
                                                 checkpoint=f"{prefix}.boot.ckpt", stop=args.stop, mesh=mesh)
         labelled.append(ml.with_supports(result.tree, supports["bootstrap"]))
+    if args.ufboot:  # IQ-TREE's order of labels: SH-aLRT/UFBoot
+        supports["ufboot"] = result.ufboot
+        labelled.append(ml.with_supports(result.tree, result.ufboot))
     tree = jp.tree.combine_labels(result.tree, *labelled) if labelled else result.tree
     jp.write_tree(tree, f"{prefix}.treefile")
     outputs = f"{prefix}.treefile, {prefix}.json, {prefix}.log"
+    if args.ufboot:  # every replicate's tree, one Newick a line (IQ-TREE's -wbt)
+        with open(f"{prefix}.ufboot", "w") as handle:
+            for replicate in result.ufboot_trees:
+                handle.write(jp.io.to_dendropy(replicate).as_string(schema="newick", unquoted_underscores=True,
+                                                                    preserve_spaces=True, suppress_rooting=True))
+        outputs += f", {prefix}.ufboot"
     if isinstance(result.model, jp.PartitionedModel) and result.model.branch_lengths is not None:
         with open(f"{prefix}.parttrees", "w") as handle:  # IQ-TREE's -Q output: every part's tree, in order
             for lengths in np.asarray(result.model.branch_lengths):
@@ -134,7 +160,8 @@ def run(args) -> None:
     summary = {
         "log_likelihood": result.log_likelihood, "model": result.model_string, "parameters": result.parameters,
         "tree": open(f"{prefix}.treefile").read().strip(), "search_rounds": result.search_rounds,
-        "support_labels": "/".join({"sh_alrt": "SH-aLRT", "bootstrap": "bootstrap"}[k] for k in supports) or None,
+        "support_labels": "/".join({"sh_alrt": "SH-aLRT", "bootstrap": "bootstrap", "ufboot": "UFBoot"}[k]
+                                   for k in supports) or None,
         "settings": {"seed": args.seed, "precision": args.precision, "fast": args.fast,
                      **{k: v for k, v in vars(settings).items() if k != "max_seconds"}},
     }

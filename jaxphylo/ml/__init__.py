@@ -9,9 +9,10 @@ from ._nni import apply_nnis, nni_scores
 from ._spr import regraft_edges, regrafted_tree, spr_scores
 from ._search import check_inputs, search, search_checkpoint, searched_result
 from ._support import bootstrap, sh_alrt
+from ._ufboot import MIN_REPLICATES as UFBOOT_MIN_REPLICATES, UFBoot, UFBootSettings
 from ..tree import robinson_foulds, splits, with_supports  # the splits of a tree live with trees; kept here for ml users
 
 __all__ = ["MLResult", "fit", "search", "search_checkpoint", "searched_result", "SearchSettings", "unsuccessful_trees",
-           "Problem", "optimise_lengths", "check_inputs", "bootstrap", "sh_alrt", "splits", "robinson_foulds",
+           "Problem", "optimise_lengths", "check_inputs", "bootstrap", "sh_alrt", "UFBoot", "UFBootSettings", "UFBOOT_MIN_REPLICATES", "splits", "robinson_foulds",
            "with_supports", "select_model", "select_part_models", "best_scheme_nexus", "ModelSelection", "ModelFit",
            "node_branch_derivatives", "apply_nnis", "nni_scores", "regraft_edges", "regrafted_tree", "spr_scores"]

@@ -66,15 +66,18 @@ def unsuccessful_trees(failures: int, before: float, after: float, trees: int, e
 
 
 @eqx.filter_jit
-def _propose(parents, lengths, problem: Problem):
-    """All chosen improving NNIs of each tree, and the best single one, as two batches of trees."""
-    scores = nni_scores(parents, lengths, problem.model, problem.data, problem.weights, problem.widths, problem.dtype)
+def _propose(parents, lengths, problem: Problem, rell=None, floor=None):
+    """All chosen improving NNIs of each tree, and the best single one, as two batches of trees; and the
+    scores, which with `rell` (UFBoot's replicate counts) hold every tree's and neighbour's RELL values
+    (neighbours with log L below `floor` left out)."""
+    scores = nni_scores(parents, lengths, problem.model, problem.data, problem.weights, problem.widths, problem.dtype,
+                        rell=rell, rell_floor=floor)
     which = jnp.argmax(scores.gains, axis=-1)
     gain = jnp.max(scores.gains, axis=-1)
     chosen = independent_moves(gain, scores.nodes, parents.shape[1])
     best = jax.nn.one_hot(jnp.argmax(gain, axis=-1), gain.shape[1], dtype=bool) & (gain > 0)
     return apply_nnis(parents, lengths, scores, chosen, which), apply_nnis(parents, lengths, scores, best, which), \
-        jnp.any(chosen, axis=-1)
+        jnp.any(chosen, axis=-1), scores if rell is not None else None
 
 
 @eqx.filter_jit
@@ -89,13 +92,17 @@ def perturb(parents, lengths, problem: Problem, key, fraction):
     return apply_nnis(parents, lengths, scores, chosen, which)
 
 
-def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilon: float):
+def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilon: float, ufboot=None):
     """One NNI round of every tree: `(parents, lengths, log L, proposed, improved)`.
 
     `proposed`: some tree had an improving NNI to try; `improved`: some tree
     gained more than `epsilon` after its branch lengths were re-fitted.
+    `ufboot` (`UFBoot`), if given, sees every tree and every NNI neighbour scored.
     """
-    (all_p, all_l), (one_p, one_l), any_move = _propose(parents, lengths, problem)
+    rell, floor = (None, None) if ufboot is None else (ufboot.device_counts(problem.dtype), ufboot.floor(problem.dtype))
+    (all_p, all_l), (one_p, one_l), any_move, scores = _propose(parents, lengths, problem, rell, floor)
+    if ufboot is not None:
+        ufboot.observe(parents, lengths, scores)
     if not bool(jnp.any(any_move)):
         return parents, lengths, log_likelihoods, False, False
     candidates_l, candidate_ll = optimise_lengths(jnp.concatenate([all_p, one_p]), jnp.concatenate([all_l, one_l]),
@@ -172,7 +179,7 @@ class Climb:
     def done(self) -> bool:
         return self.phase == "done"
 
-    def step(self, problem_of, settings: SearchSettings, on_round=None) -> None:
+    def step(self, problem_of, settings: SearchSettings, on_round=None, ufboot=None) -> None:
         size = self.batch[0].shape[0]
         if self.phase == "spr":
             p, l, ll, improved = spr_step(*self.best, problem_of, size, settings, self.radius)
@@ -185,7 +192,8 @@ class Climb:
                 self.phase = "done"
             return
         trees = self.batch if self.phase == "nni" else self.copies
-        *trees, proposed, improved = nni_round(*trees, fixed_branches(trees[0]), problem_of(size), settings.epsilon)
+        *trees, proposed, improved = nni_round(*trees, fixed_branches(trees[0]), problem_of(size), settings.epsilon,
+                                               ufboot)
         if self.phase == "nni":
             self.batch = tuple(trees)
             if proposed and on_round is not None:

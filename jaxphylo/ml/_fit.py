@@ -49,6 +49,8 @@ class MLResult:
     parameters: dict = field(default_factory=dict)
     search_rounds: int = 0
     trace: list = field(default_factory=list, repr=False)  # (round, best log L) of a search
+    ufboot: dict | None = None  # a search's ultrafast bootstrap supports (percent) of the tree's splits
+    ufboot_trees: list | None = field(default=None, repr=False)  # and every replicate's tree
 
     @property
     def model_string(self) -> str:

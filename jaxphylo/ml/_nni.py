@@ -224,6 +224,16 @@ def part_branch_newton(terms, t0: list, steps: int = NEWTON_STEPS):
     return [t for t, _ in fitted], sum(jnp.sum(f, 0) for _, f in fitted)
 
 
+class RELLScores(eqx.Module):
+    """Every tree and each of its NNI neighbours scored under `R` resampled pattern counts (RELL), reduced to
+    each tree's best neighbour per replicate: all that UFBoot keeps (`jaxphylo.ml._ufboot`)."""
+
+    log_likelihood: Float[Array, " B"]  # the tree's own log L (the search's weights)
+    tree: Float[Array, "B R"]  # sum_p counts_rp log L_p of the tree itself
+    gain: Float[Array, "B R"]  # the best neighbour's RELL log L minus the tree's (-inf: no valid edge)
+    move: Int[Array, "B R"]  # that neighbour: 2 e + j (edge `e` of `nodes`, swap `j` of `gains`)
+
+
 class NNIScores(eqx.Module):
     """Per internal node `v` of each tree: its edge's nodes, and gains and fitted lengths of both swaps."""
 
@@ -232,13 +242,19 @@ class NNIScores(eqx.Module):
     lengths: Float[Array, "B E 2 *K"]  # the fitted central branch (each part's, for unlinked lengths)
     valid: Bool[Array, "B E"]
     pattern_gains: Float[Array, "B E 2 P"] | None = None  # per pattern, with `per_pattern=True`
+    rell: RELLScores | None = None  # with `rell` counts
 
 
 def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M *K"], model, data,
-               weights: Float[Array, "B P"], widths, dtype, per_pattern: bool = False) -> NNIScores:
+               weights: Float[Array, "B P"], widths, dtype, per_pattern: bool = False,
+               rell: Float[Array, "R P"] | None = None, rell_floor=-jnp.inf) -> NNIScores:
     """Score both NNIs of every internal edge of every tree in one pass over the partials.
 
     `per_pattern` also returns `log L_c` after each swap minus `log L_c` now, per pattern (for SH-aLRT).
+    `rell` (pattern counts of `R` bootstrap replicates) also scores every tree and every neighbour under
+    each replicate, `sum_p counts_rp log L_p`, keeping only each tree's best neighbour per replicate
+    (`RELLScores`), reduced chunk by chunk so that no `[B, E, 2, P]` array is ever held; a neighbour whose
+    log L (under `weights`) is below `rell_floor` is left out (UFBoot's cutoff).
     A `PartitionedModel` (with `PartitionedData`) scores every part and sums:
     with linked lengths the central branch is the tree's, each part's `r_k t`
     (`part_sources`); with unlinked ones (`[B, M, K]`) every part fits its own.
@@ -286,7 +302,7 @@ def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M *K"], mode
             t, f = branch_newton(swaps, t0[:, :, 1:])
             t0_now, t_swaps = t0[:, :, :1], t
         now, _, _ = _summed(current, t0_now, branch_value_and_slopes)
-        if not per_pattern:
+        if not per_pattern and rell is None:
             return t, f - now, None
 
         def log_n(g, exponents, t):
@@ -296,7 +312,20 @@ def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M *K"], mode
         gains = _per_part(terms, t_swaps, lambda g, e, w, t: log_n(g[:, :, 1:], e, t))
         before = _per_part(terms, t0_now, lambda g, e, w, t: log_n(g[:, :, :1], e, t))
         gains = [x - y for x, y in zip(gains, before)]  # [K_g, B, E, 2, P] each: parts side by side, as the weights
-        return t, f - now, jnp.concatenate([jnp.moveaxis(x, 0, -2).reshape(x.shape[1:-1] + (-1,)) for x in gains], -1)
+        gains = jnp.concatenate([jnp.moveaxis(x, 0, -2).reshape(x.shape[1:-1] + (-1,)) for x in gains], -1)
+        if rell is None:
+            return t, f - now, gains
+        # The chunk's best neighbour per tree and replicate, as (gain, 2 e + j) with `e` the real edge index
+        # (the last chunk repeats the last edge: a repeat ties and never wins).
+        resampled = jnp.einsum("bejp,rp->brej", gains, rell.astype(gains.dtype), precision=product_precision())
+        usable = jnp.take_along_axis(valid, edges, axis=1)[:, :, None] & \
+            (own_log_l[:, None, None] + f - now >= rell_floor)
+        usable = usable[:, None]
+        resampled = jnp.where(usable, resampled, -jnp.inf).reshape(resampled.shape[:2] + (-1,))
+        best = jnp.argmax(resampled, axis=-1)
+        moves = (2 * edges[:, None, :, None] + jnp.arange(2)).reshape(edges.shape[0], 1, -1)
+        return t, f - now, (jnp.max(resampled, axis=-1), jnp.take_along_axis(
+            jnp.broadcast_to(moves, resampled.shape), best[..., None], axis=-1)[..., 0])
 
     # Edges in chunks, so that the `[K_g, B, E, 3, C, P, S]` coefficients stay near `CHUNK_BYTES`.
     k = m - n
@@ -305,11 +334,25 @@ def nni_scores(parents: Int[Array, "B M"], lengths: Float[Array, "B M *K"], mode
     chunk = max(1, min(k, CHUNK_BYTES // edge_bytes))
     chunks = -(-k // chunk)
     order = jnp.minimum(jnp.arange(chunks * chunk), k - 1).reshape(chunks, 1, chunk)
-    t, gains, pattern_gains = jax.lax.map(lambda e: score(jnp.broadcast_to(e, (batch, chunk))), order)
+    if rell is not None:  # every tree's own per-pattern log L, the parts side by side as in the weights
+        tree_patterns = jnp.concatenate([jnp.moveaxis(x.partials.log_likelihoods, 0, -2).reshape(batch, -1)
+                                         for x in sources], -1)
+        own_log_l = jnp.sum(weights.astype(tree_patterns.dtype) * tree_patterns, axis=-1)
+    t, gains, extra = jax.lax.map(lambda e: score(jnp.broadcast_to(e, (batch, chunk))), order)
     merge = lambda x: None if x is None else jnp.moveaxis(x, 0, 1).reshape((batch, chunks * chunk) + x.shape[3:])[:, :k]
-    t, gains, pattern_gains = merge(t), merge(gains), merge(pattern_gains)
+    t, gains = merge(t), merge(gains)
+    pattern_gains, scored = (merge(extra), None) if rell is None else \
+        (None, _rell_scores(tree_patterns, own_log_l, rell, *extra))
     return NNIScores(jnp.stack([v, u, s, a, b], axis=-1), jnp.where(valid[..., None], gains, -jnp.inf), t,
-                     valid, pattern_gains)
+                     valid, pattern_gains, scored)
+
+
+def _rell_scores(per_pattern: Float[Array, "B P"], own_log_l: Float[Array, " B"], counts: Float[Array, "R P"],
+                 gains: Float[Array, "chunks B R"], moves: Int[Array, "chunks B R"]) -> RELLScores:
+    """The chunks' best neighbours merged, and each tree's own RELL log L."""
+    tree = jnp.einsum("bp,rp->br", per_pattern, counts.astype(per_pattern.dtype), precision=product_precision())
+    best = jnp.argmax(gains, axis=0)
+    return RELLScores(own_log_l, tree, jnp.max(gains, axis=0), jnp.take_along_axis(moves, best[None], axis=0)[0])
 
 
 def _part_rows(x: Float[Array, "B E K"], source: PartSource) -> Float[Array, "K_g B E"]:

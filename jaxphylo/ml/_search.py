@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,6 +51,7 @@ from ..tree import (
     kernel_batch,
     kernel_splits,
     random_topology_tree,
+    splits,
 )
 from ..likelihood import (
     PRECISIONS, batch_pattern_log_likelihoods, max_step_width, node_bytes, place_data, require_finite, search_data,
@@ -65,6 +66,7 @@ from ._lengths import (
     LENGTHS_BUFFERS, LENGTHS_BYTES, Problem, optimise_lengths, optimise_model_and_lengths, tree_log_likelihoods,
 )
 from ._climb import CandidateSet, Climb, SearchSettings, perturb, sorted_splits, unsuccessful_trees
+from ._ufboot import UFBoot, UFBootSettings
 
 
 def first_tree(alignment: Alignment, start, seed: int) -> Tree:
@@ -149,6 +151,7 @@ def search(
     resume: bool = False,
     stop=NEVER,
     mesh=None,
+    ufboot: int | UFBootSettings = 0,
 ) -> MLResult:
     """The maximum-likelihood tree: many starts climbed as a batch, perturbation rounds, SPR, a thorough final fit.
 
@@ -170,14 +173,26 @@ def search(
     `mesh` (`jp.device_mesh`) spreads the batch of trees over its `batch`
     axis and the patterns over `patterns` (`jaxphylo.runtime.place_batch`);
     the search is the same, up to the order of sums.
+
+    `ufboot` (replicates, IQ-TREE's `-B`, at least 1,000; or `UFBootSettings`)
+    adds ultrafast bootstrap supports (`jaxphylo.ml._ufboot`): every tree the
+    NNI rounds score, and each of its NNI neighbours, is RELL-scored under
+    every replicate; the perturbation rounds go on, past the stop rule, until
+    the supports settle; with `bnni` every replicate's tree is then
+    NNI-climbed on its own counts. The result's `ufboot` holds the ML tree's
+    supports, `ufboot_trees` every replicate's tree.
     """
     settings = settings or SearchSettings()
     if starts is not None:
         settings = replace(settings, starts=starts)
     record = _search_record(alignment, model, start, seed, settings, precision)
+    if isinstance(ufboot, int):
+        ufboot = UFBootSettings(ufboot) if ufboot else None
+    if ufboot is not None:
+        record["ufboot"] = {k: str(v) for k, v in asdict(ufboot).items()}
     blocks = search_checkpoint(checkpoint, record, stop)
     saved = blocks.open(resume)
-    run = _SearchRun(alignment, model, start, seed, settings, precision, progress, mesh)
+    run = _SearchRun(alignment, model, start, seed, settings, precision, progress, mesh, ufboot)
     if saved is not None:
         run.restore(saved)
         for entry in run.trace if progress is not None else ():
@@ -212,7 +227,7 @@ class _SearchRun:
     round inside a climb) and says whether a stage ended (a moment to save).
     """
 
-    def __init__(self, alignment, model, start, seed, settings, precision, progress, mesh=None):
+    def __init__(self, alignment, model, start, seed, settings, precision, progress, mesh=None, ufboot=None):
         self.settings, self.progress, self.seed, self.mesh = settings, progress, seed, mesh
         self.began = time.perf_counter()
         self.template, self.free = resolve_model(model, alignment)
@@ -229,6 +244,10 @@ class _SearchRun:
         self.stage, self.climb, self.before = "start-model", None, None
         self.starts, self.chosen, self.done = None, None, 0  # starts' (lengths, log L); the climbed ones; progress
         self.key, self.failures, self.trace, self.trees = jax.random.PRNGKey(seed), 0, [], 0
+        self.ufboot = None
+        if ufboot is not None:
+            self.ufboot = UFBoot(ufboot, np.asarray(self.data.weights), getattr(self.data, "part_of_pattern", None),
+                                 seed, self.taxa)
 
     def problem_of(self, b: int) -> Problem:
         weights = place_batch(jnp.broadcast_to(self.data.weights, (b, self.data.weights.shape[0])), self.mesh)
@@ -286,9 +305,9 @@ class _SearchRun:
             self.stage = "first-climb"
             return False
         if self.stage == "perturb":
-            if self.failures >= self.settings.patience or \
-                    time.perf_counter() - self.began >= self.settings.max_seconds:
-                self.stage = "final"
+            out_of_time = time.perf_counter() - self.began >= self.settings.max_seconds
+            if out_of_time or self.failures >= self.settings.patience and self.supports_settled():
+                self.stage, self.done = ("bnni", 0) if self.ufboot is not None and self.ufboot.settings.bnni else ("final", 0)
                 return True
             self.key, sub = jax.random.split(self.key)
             self.before = self.candidates.best()[0]
@@ -298,6 +317,8 @@ class _SearchRun:
             self.climb, self.stage = Climb(p, l, ll), "perturbed-climb"
             self.trees += self.size
             return False
+        if self.stage == "bnni":
+            return self.refine_replicates()
         if self.climb is None:  # first climb: the next group of the chosen starts
             rows = self.chosen[self.done: self.done + self.size]
             parents, lengths = self.start_trees.parents[rows], jnp.asarray(self.starts[0][rows])
@@ -305,7 +326,7 @@ class _SearchRun:
                                jnp.asarray(self.starts[1][rows]))
             return False
         if not self.climb.done:
-            self.climb.step(self.problem_of, self.settings, self.on_round)
+            self.climb.step(self.problem_of, self.settings, self.on_round, self.ufboot)
             return False
         self.candidates.add(*self.climb.result())
         self.climb = None
@@ -320,6 +341,36 @@ class _SearchRun:
             if after > self.before + self.settings.epsilon:
                 self.refit_model_on_best()
         self.stage = "perturb"
+        return True
+
+    def supports_settled(self) -> bool:
+        """With UFBoot, whether its supports have settled (`UFBoot.settled`; a search without perturbation,
+        `--fast`, stops by its own rule)."""
+        if self.ufboot is None or self.settings.patience == 0:
+            return True
+        return self.ufboot.settled(self.trees - self.settings.starts)
+
+    def refine_replicates(self) -> bool:
+        """UFBoot2's `-bnni`, one step: the next `width` replicates' trees NNI-climbed on their own counts (the
+        search's shapes, so its compiled programs serve), one NNI round a step."""
+        rows = np.minimum(np.arange(self.done, self.done + self.size), self.ufboot.replicates - 1)
+        weights = place_batch(self.ufboot.device_counts(self.dtype)[rows], self.mesh)
+        problem = Problem(self.model, self.data, weights, self.widths, self.dtype, self.settings.lengths_method,
+                          self.mesh)
+        if self.climb is None:
+            parents = place_batch(jnp.asarray(self.ufboot.parents[rows]), self.mesh)
+            lengths, log_l = optimise_lengths(parents, place_batch(jnp.asarray(self.ufboot.lengths[rows]), self.mesh),
+                                              fixed_branches(parents), problem)
+            self.climb = Climb(parents, lengths, log_l, spr=False)
+            return False
+        if not self.climb.done:
+            self.climb.step(lambda _: problem, self.settings)
+            return False
+        fresh = np.arange(self.done, self.done + self.size) < self.ufboot.replicates
+        self.ufboot.refined(rows[fresh], *(np.asarray(x)[fresh] for x in self.climb.batch[:2]))
+        self.climb, self.done = None, self.done + self.size
+        if self.done >= self.ufboot.replicates:
+            self.stage = "final"
         return True
 
     def best_distinct_starts(self) -> np.ndarray:
@@ -339,9 +390,13 @@ class _SearchRun:
         _, best_p, best_l = self.candidates.best()
         model, best_l, best_ll, values, iterations = self.refit(best_p, best_l, FINAL_TOLERANCE)
         tree, model = searched_result(best_p, best_l, self.taxa, model)
+        supports, trees = None, None
+        if self.ufboot is not None:
+            supports = self.ufboot.supports(splits(tree))
+            trees = self.ufboot.trees(model)
         return MLResult(tree=tree, model=model, log_likelihood=best_ll, iterations=iterations,
                         seconds=time.perf_counter() - self.began, parameters=reported_parameters(values, model),
-                        search_rounds=len(self.trace), trace=list(self.trace))
+                        search_rounds=len(self.trace), trace=list(self.trace), ufboot=supports, ufboot_trees=trees)
 
     def state(self) -> dict:
         """Everything the search needs to go on, as NumPy arrays and Python values (no time: same bytes)."""
@@ -351,7 +406,7 @@ class _SearchRun:
                                for k, (ll, p, l) in self.candidates.trees.items()],
                 "climb": None if self.climb is None else self.climb.state(), "before": self.before,
                 "key": np.asarray(self.key), "failures": self.failures, "trace": list(self.trace),
-                "trees": self.trees}
+                "trees": self.trees, "ufboot": None if self.ufboot is None else self.ufboot.state()}
 
     def restore(self, saved: dict) -> None:
         self.stage, self.before, self.failures = saved["stage"], saved["before"], saved["failures"]
@@ -362,6 +417,8 @@ class _SearchRun:
                                  for k, ll, p, l in saved["candidates"]}
         self.climb = None if saved["climb"] is None else Climb(**saved["climb"])
         self.key, self.trace = jnp.asarray(saved["key"]), [tuple(x) for x in saved["trace"]]
+        if self.ufboot is not None:
+            self.ufboot.restore(saved["ufboot"])
 
 
 def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch, lengths, rows=None) -> None:
@@ -382,8 +439,6 @@ def _require_finite_start(log_likelihoods, problem: Problem, batch: TreeBatch, l
 
 def _search_record(alignment, model, start, seed, settings, precision) -> dict:
     """What a search's result depends on: a resumed search must match it."""
-    from dataclasses import asdict
-
     data = alignment_digest(alignment)
     if isinstance(start, Tree):
         start = hashlib.sha256(repr((start.taxa, list(start.topology.parent),

@@ -39,6 +39,7 @@ from ._climb import Climb, SearchSettings
 from ._lengths import Problem, optimise_lengths
 from ._search import searched_result
 from ._nni import nni_scores
+from ._ufboot import rell_counts
 
 BOOTSTRAP_BATCH = 100  # replicates climbed together (fixed, so that results do not depend on interruptions)
 
@@ -59,7 +60,7 @@ def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed
     per = np.asarray(scores.pattern_gains[0])  # [K, 2, P]: L1 - L0, L2 - L0 per pattern
     weights = np.asarray(data.weights)
     rng = np.random.default_rng(seed)
-    counts = _rell_counts(weights, getattr(data, "part_of_pattern", None), replicates, rng)  # [R, P]
+    counts = rell_counts(weights, getattr(data, "part_of_pattern", None), replicates, rng)  # [R, P]
     # Centred RELL values relative to L0: c0 = 0 - 0, c_i = (sum_R (L_i - L0)) - (sum_obs (L_i - L0)).
     observed = per @ weights  # [K, 2]
     resampled = np.einsum("kjp,rp->rkj", per, counts)
@@ -71,17 +72,6 @@ def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed
     support = np.where(delta < 0, 0.0, support)  # an NNI that beats the ML tree: no support
     kernel = kernel_splits(np.asarray(batch.parents[0]), batch.taxa)
     return {kernel[v]: float(support[k]) for k, v in enumerate(nodes) if valid[k] and kernel[v] is not None}
-
-
-def _rell_counts(weights: np.ndarray, part_of_pattern, replicates: int, rng) -> np.ndarray:
-    """RELL pattern counts `[R, P]`: each part's sites resampled within the part (IQ-TREE's rule for partitions)."""
-    if part_of_pattern is None:
-        return rng.multinomial(int(weights.sum()), weights / weights.sum(), size=replicates)
-    counts = np.zeros((replicates, len(weights)), np.int64)
-    for part in np.unique(part_of_pattern):
-        own = part_of_pattern == part
-        counts[:, own] = rng.multinomial(int(weights[own].sum()), weights[own] / weights[own].sum(), size=replicates)
-    return counts
 
 
 class Resampling:
