@@ -31,14 +31,12 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 import jaxphylo as jp
 from jaxphylo import ml
@@ -81,6 +79,39 @@ def write_newick(tree: jp.Tree, path: Path) -> Path:
 def iqtree_model(model_string: str) -> str:
     """Our fitted model string as IQ-TREE reads it (every value in braces: nothing left to fit)."""
     return model_string.replace("HKY85", "HKY")
+
+
+def our_search(name: str, fast: bool) -> dict:
+    """Our search alone (`--ours-only`: on a machine without IQ-TREE, e.g. the GPU), with its tree and model."""
+    alignment = jp.read_alignment(DATA / name / "alignment.fasta")
+    settings = ml.SearchSettings.fast() if fast else ml.SearchSettings()
+    load, began = os.getloadavg()[0], time.perf_counter()
+    result = ml.search(alignment, MODEL, seed=SEED, settings=settings)
+    import jax
+
+    return {"seconds": round(time.perf_counter() - began, 2), "load_before": round(load, 2),
+            "log_likelihood": result.log_likelihood, "model": result.model_string, "rounds": result.search_rounds,
+            "device": jax.devices()[0].device_kind, "settings": vars(settings),
+            "tree": jp.io.to_dendropy(result.tree).as_string(schema="newick", suppress_rooting=True,
+                                                             real_value_format_specifier=".17g").strip()}
+
+
+def references_for(name: str, ours: dict, workdir: Path) -> dict:
+    """IQ-TREE's search on this machine and its -blfix check of a tree and model our search wrote elsewhere."""
+    path = DATA / name / "alignment.fasta"
+    alignment = jp.read_alignment(path)
+    tree = jp.parse_newick(ours["tree"])
+    check = iqtree(["-s", str(path), "-te", str(write_newick(tree, workdir / f"{name}_ours.nwk")), "-m",
+                    iqtree_model(ours["model"]), "-blfix", "-nt", "1"], workdir / f"{name}_blfix")
+    reference = iqtree(["-s", str(path), "-m", MODEL, "-nt", "1", "-seed", str(SEED)], workdir / f"{name}_iq")
+    theirs = with_alignment_names(jp.parse_newick(reference["tree"]), alignment)
+    row = {"ours": {**ours, "iqtree_blfix_log_likelihood": check["log_likelihood"]}, "iqtree": reference,
+           "rf_ours_to_reference": ml.robinson_foulds(tree, theirs),
+           "log_likelihood_difference": ours["log_likelihood"] - reference["log_likelihood"]}
+    print(f"{name:15s} ours ({ours['device']}) {ours['log_likelihood']:.4f} ({ours['seconds']:.1f} s; -blfix "
+          f"{check['log_likelihood']:.4f}) | IQ-TREE -nt 1 {reference['log_likelihood']:.4f} ({reference['seconds']:.1f}"
+          f" s) | diff {row['log_likelihood_difference']:+.4f} | RF {row['rf_ours_to_reference']}", flush=True)
+    return row
 
 
 def run_set(name: str, workdir: Path, fast: bool) -> dict:
@@ -143,12 +174,33 @@ def run_set(name: str, workdir: Path, fast: bool) -> dict:
 
 
 def main() -> None:
+    global DATA
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", default="DS1,DS2,DS3,carnivores,primates_mtDNA,rsv2")
     parser.add_argument("--fast", action="store_true", help="ours --fast against FastTree instead")
     parser.add_argument("--out", default=str(OUT), help="JSON to merge the rows into (by set)")
+    parser.add_argument("--ours-only", metavar="JSON", help="run only our searches (a machine without IQ-TREE) and "
+                                                            "write them here")
+    parser.add_argument("--references-for", metavar="JSON", help="run IQ-TREE beside searches --ours-only wrote; "
+                                                                 "their rows go to --out under 'ours_elsewhere'")
+    parser.add_argument("--data", type=Path, default=DATA, help="the folder of the sets (default ../shared/data)")
     args = parser.parse_args()
+    DATA = args.data
     out = Path(args.out)
+    if args.ours_only:
+        rows = {}
+        for name in args.sets.split(","):  # written after each set: a run cut short keeps what it finished
+            rows[name] = our_search(name, args.fast)
+            print(f"{name}: {rows[name]['log_likelihood']:.4f}, {rows[name]['seconds']} s", flush=True)
+            Path(args.ours_only).write_text(json.dumps(rows, indent=1, default=float) + "\n")
+        return
+    if args.references_for:
+        record = json.loads(out.read_text())
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, ours in json.loads(Path(args.references_for).read_text()).items():
+                record.setdefault("ours_elsewhere", {})[name] = references_for(name, ours, Path(tmp))
+                out.write_text(json.dumps(record, indent=1, default=float) + "\n")
+        return
     header = dict(iqtree=subprocess.run(["iqtree2", "--version"], capture_output=True, text=True).stdout.split("\n")[0],
                   cpu_count=os.cpu_count(), jaxphylo=jp.__version__, seed=SEED, model=MODEL,
                   note="wall times on a shared 2-core machine (load average before each run kept); ours include "
