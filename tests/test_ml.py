@@ -203,6 +203,13 @@ def test_spr_scores_equal_whole_tree_likelihoods():
     log_l = lambda p, l: batch_data_log_likelihoods(data, jp.TreeBatch(p, l, trees.taxa), model)  # noqa: E731
     scores = check_spr_scores(alignment, model, data, trees, trees.branch_lengths, 3, log_l)
     assert np.all(np.asarray(scores.lengths) >= 1e-6)
+    # Past the tree's longest path every radius scores the same regrafts, and a radius of 30 enumerates
+    # levels of at most `2N - 6` slots (its 2^31 binary paths exhausted 24 GB on rsv2).
+    wide, widest = (jax.jit(ml.spr_scores, static_argnums=(5, 6, 7))(
+        trees.parents[0], trees.branch_lengths[0], model, data, data.weights, phase_widths(9), jnp.float64, r)
+        for r in (8, 30))
+    np.testing.assert_array_equal(wide.gains, widest.gains)
+    np.testing.assert_array_equal(wide.nodes, widest.nodes)
 
 
 @pytest.mark.parametrize("method", ["lbfgs", "newton"])

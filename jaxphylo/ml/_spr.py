@@ -173,28 +173,33 @@ def regrafts(tree: UnrootedTree, sides: DirectedPartials, eigen: EigenSystem, u,
     `i // 2` of the one before); the real ones (not past a tip) are packed, in
     that order, into `slot_capacity` places, and their vectors computed one
     slot after the other from their predecessor's, so a pruning costs what it
-    has, not the `padded_slots` of a full binary path.
+    has, not the `padded_slots` of a full binary path. Each level keeps at most
+    `slot_capacity` slots, its real ones first, so the enumeration grows as
+    `radius x capacity` (radius 30 on 129 taxa: 2^31 indices before).
     """
     n = (tree.parents.shape[0] + 1) // 2
+    capacity = slot_capacity(n, radius)
     x, previous = jnp.stack([s1, s2]), jnp.stack([u, u])
     alive = valid & (x >= n)
-    found, start = [], 0
+    found, start, before_start = [], 0, 0
     for level in range(radius):
         ahead = tree.forward(x, previous)  # [W, 2]: y for the two slots, and each one's z is the other
         y, z = ahead.reshape(-1), ahead[:, ::-1].reshape(-1)
         x2, alive2 = jnp.repeat(x, 2), jnp.repeat(alive, 2)
-        width = y.shape[0]
-        before = jnp.arange(width) // 2 + (start - width // 2 if level else 0)
-        found.append((x2, y, z, alive2, before, jnp.full(width, level)))
-        start += width
+        before = jnp.arange(y.shape[0]) // 2 + before_start  # the slot each continues, in the whole list
+        side = jnp.arange(y.shape[0]) // 2 if level == 0 else jnp.zeros(y.shape[0], jnp.int32)  # 0: from s1
+        # A level never has more real slots than the whole capacity: keep that many, the real ones first
+        # (in order), so the lists grow as radius x capacity, not as the 2^radius binary paths.
+        keep = jnp.argsort(~alive2, stable=True)[:min(y.shape[0], capacity)]
+        x2, y, z, alive2, before, side = (a[keep] for a in (x2, y, z, alive2, before, side))
+        found.append((x2, y, z, alive2, before, jnp.full(y.shape[0], level), side))
+        before_start, start = start, start + y.shape[0]
         x, previous, alive = y, x2, alive2 & (y >= n)
-    x, y, z, alive, before, level = (jnp.concatenate(a) for a in zip(*found))
-    capacity = slot_capacity(n, radius)
+    x, y, z, alive, before, level, side = (jnp.concatenate(a) for a in zip(*found))
     order = jnp.argsort(~alive, stable=True)[:capacity]
     packed = jnp.zeros(x.shape[0], jnp.int32).at[order].set(jnp.arange(capacity, dtype=jnp.int32))
-    x, y, z, alive, level = x[order], y[order], z[order], alive[order], level[order]
+    x, y, z, alive, level, side = x[order], y[order], z[order], alive[order], level[order], side[order]
     before = packed[before[order]]
-    side = order // 2  # level 0: slots 0, 1 leave from s1, slots 2, 3 from s2
     joined = sides.index(tree, jnp.stack([s2, s1]), jnp.stack([u, u]))
     incoming = propagate(eigen, sides.vectors[joined], jnp.broadcast_to(tree.length(u, s1) + tree.length(u, s2), (2,)))
     sibling, away, length = sides.index(tree, z, x), sides.index(tree, y, x), tree.length(x, y)
