@@ -28,6 +28,9 @@ def test_signals_and_budgets_raise_the_flag():
     with StopRequests(0.0) as stop:
         assert "--max-time" in stop.reason
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+    # A process started in the background by a shell without job control inherits SIGINT ignored (Python
+    # then installs no handler of its own): start from Python's handler whatever the start was.
+    found = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:  # a finished long run (the CLI's) ignores a SIGTERM that arrives while it exits; an interrupted one not
         with StopRequests(ignore_after=True):
             pass
@@ -39,6 +42,7 @@ def test_signals_and_budgets_raise_the_flag():
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN  # what it found, restored
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, found)
 
 
 def test_checkpoints_are_atomic_checksummed_and_tied_to_settings(tmp_path):
