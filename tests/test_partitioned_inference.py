@@ -71,7 +71,8 @@ def test_partitioned_fit_reaches_iqtree_in_every_link_mode(tmp_path):
 
 def test_partitioned_nni_scores_and_newton_derivatives_are_exact(tmp_path):
     """Summed over parts of two groups (4 and 1 categories), each NNI's gain with its fitted central branch is
-    the change of the whole partitioned log L, per pattern too; Newton's derivatives equal finite differences.
+    the change of the whole partitioned log L, per pattern too (and so UFBoot's RELL values); Newton's
+    derivatives equal finite differences.
     With linked lengths (one central branch, `r_k t` in part k) and unlinked ones (each part's own)."""
     alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(9)], seed=4), jp.parse_model("JC"),
                             300, seed=2)
@@ -102,6 +103,17 @@ def test_partitioned_nni_scores_and_newton_derivatives_are_exact(tmp_path):
             np.testing.assert_allclose(after - now, expected, atol=1e-8)
             per_pattern = jnp.sum(weights * scores.pattern_gains[:, k, which], axis=-1)
             np.testing.assert_allclose(np.where(scores.valid[:, k], per_pattern, 0), expected, atol=1e-8)
+    # UFBoot's RELL values read the parts' patterns in the weights' layout: each tree's own is its per-pattern
+    # log L times the counts, its best neighbour the best of the per-pattern gains times the counts.
+    counts = jnp.asarray(np.random.default_rng(1).poisson(np.asarray(data.weights), (5, data.weights.shape[0])),
+                         jnp.float64)
+    rell = nni_scores(trees.parents, trees.branch_lengths, model, data, weights, phase_widths(9), jnp.float64,
+                      rell=counts).rell
+    per = batch_pattern_log_likelihoods(model, trees.parents, trees.branch_lengths, data, phase_widths(9), jnp.float64)
+    np.testing.assert_allclose(rell.tree, per @ counts.T, rtol=1e-10)
+    resampled = jnp.where(scores.valid[:, None, :, None],
+                          jnp.einsum("bejp,rp->brej", scores.pattern_gains, counts), -jnp.inf).reshape(2, 5, -1)
+    np.testing.assert_allclose(rell.gain, resampled.max(-1), atol=1e-8)
     first, second, value = node_branch_derivatives(trees.parents, trees.branch_lengths, model, data, weights,
                                                    phase_widths(9), jnp.float64)
     np.testing.assert_allclose(value, now, atol=1e-8)
