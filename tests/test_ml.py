@@ -81,13 +81,19 @@ def test_fit_keeps_values_in_braces_fixed_and_lengths_in_bounds():
         ml.fit(alignment, truth, "HKY", optimizer="newton")
 
 
-def test_nni_scores_equal_whole_tree_likelihoods():
+def nine_taxa_two_trees():
+    """A 9-taxon JC alignment, an HKY+G4 model, two random kernel trees, their pattern data and weights."""
     alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(9)], seed=4), jp.parse_model("JC"),
                             200, seed=2)
     model = jp.parse_model("HKY{2.5}+F{0.3,0.2,0.2,0.3}+G4{0.3}")
     trees = kernel_batch([jp.random_topology_tree(alignment.taxa, seed=k) for k in (7, 8)])
     data = pattern_data(alignment, trees)
     weights = jnp.broadcast_to(data.weights, (2, data.weights.shape[0]))
+    return model, trees, data, weights
+
+
+def test_nni_scores_equal_whole_tree_likelihoods():
+    model, trees, data, weights = nine_taxa_two_trees()
     scores = jax.jit(nni_scores, static_argnums=(5, 6))(trees.parents, trees.branch_lengths, model, data, weights,
                                                         phase_widths(9), jnp.float64)
     now = batch_data_log_likelihoods(data, trees, model)
@@ -108,12 +114,7 @@ def test_rell_scores_equal_per_pattern_likelihoods_under_resampled_counts():
     tree's own value is `counts @ log L_p`, and its best neighbour per replicate is the best valid (edge, swap)
     of `counts @ (log L_p after - log L_p now)`, to 1e-8 (float64, sums in another order); a floor on the
     neighbours' log L leaves out exactly those below it."""
-    alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(9)], seed=4), jp.parse_model("JC"),
-                            200, seed=2)
-    model = jp.parse_model("HKY{2.5}+F{0.3,0.2,0.2,0.3}+G4{0.3}")
-    trees = kernel_batch([jp.random_topology_tree(alignment.taxa, seed=k) for k in (7, 8)])
-    data = pattern_data(alignment, trees)
-    weights = jnp.broadcast_to(data.weights, (2, data.weights.shape[0]))
+    model, trees, data, weights = nine_taxa_two_trees()
     counts = jnp.asarray(ml.UFBoot(ml.UFBootSettings(), np.asarray(data.weights), None, 3, trees.taxa).counts[:7])
     score = jax.jit(nni_scores, static_argnums=(5, 6, 7))
     plain = score(trees.parents, trees.branch_lengths, model, data, weights, phase_widths(9), jnp.float64, True)
