@@ -20,10 +20,15 @@ def add_command(subparsers) -> None:
                                                          "(e.g. JC, the benchmark's)")
     vi.add_argument("--steps", type=int, default=20_000, help="Adam steps (default 20000)")
     vi.add_argument("--particles", "-K", type=int, default=10, help="trees per step, scored in one batch (default 10)")
-    vi.add_argument("--lr", type=float, default=1e-3,
-                    help="Adam's learning rate for the lengths' network, cosine-decayed to 5%% (default 0.001)")
-    vi.add_argument("--topology-rate", type=float, default=0.1,
-                    help="the topology network's learning rate as a fraction of --lr (default 0.1, ARTree's ratio)")
+    vi.add_argument("--lr", type=float, default=1e-2,
+                    help="Adam's learning rate for the lengths' network, cosine-decayed to 5%% (default 0.01)")
+    vi.add_argument("--topology-rate", type=float, default=0.3,
+                    help="the topology network's learning rate as a fraction of --lr (default 0.3)")
+    vi.add_argument("--proximity", type=float, default=10.0,
+                    help="starting weight of distance-guided insertion in q(tree) (default 10; 0: uniform start)")
+    vi.add_argument("--population", type=int,
+                    help="q's trained side by side, the worse half replaced by the better over the first half of the "
+                         "run, the best one kept (default 8 on a GPU, 1 on a CPU)")
     vi.add_argument("--anneal", type=int, default=0,
                     help="steps over which the likelihood's power rises from 0.001 to 1 (default 0: none)")
     vi.add_argument("--width", type=int, default=32, help="node features of the graph networks (default 32)")
@@ -47,8 +52,8 @@ def run(args) -> None:
 
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type, genetic_code=args.genetic_code)
     settings = VISettings(steps=args.steps, particles=args.particles, learning_rate=args.lr,
-                          topology_rate=args.topology_rate, anneal=args.anneal,
-                          width=args.width, block=args.block, branch_rate=args.branch_rate, repeats=args.repeats,
+                          topology_rate=args.topology_rate, anneal=args.anneal, proximity=args.proximity,
+                          population=args.population, width=args.width, block=args.block, branch_rate=args.branch_rate, repeats=args.repeats,
                           importance=args.importance, eval_batch=args.eval_batch, tree_samples=args.samples)
 
     def progress(step, bound, elbo):

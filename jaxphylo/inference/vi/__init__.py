@@ -11,8 +11,11 @@ from ._fit import (
     VISettings as VISettings,
     estimate as estimate,
     initial_fit_state as initial_fit_state,
+    member as member,
     run_block as run_block,
+    select as select,
 )
+from ._graph import tip_coordinates as tip_coordinates
 from ._lengths import LengthModel as LengthModel
 from ._objective import (
     Target as Target,

@@ -29,6 +29,7 @@ import optax
 from ..._errors import InputError
 from ._lengths import LengthModel
 from ._objective import Target, Variational, draw, multi_sample_bound, vimco_surrogate
+from ._graph import tip_coordinates
 from ._topology import TopologyModel
 
 
@@ -36,13 +37,17 @@ from ._topology import TopologyModel
 class VISettings:
     steps: int = 20_000
     particles: int = 10  # K: trees per step (VIMCO needs >= 2)
-    learning_rate: float = 1e-3  # Adam's, both networks, at the start: cosine decay to `final_rate` x it at the end
+    learning_rate: float = 1e-2  # Adam's, both networks, at the start: cosine decay to `final_rate` x it at the end
     final_rate: float = 0.05
-    topology_rate: float = 0.1  # the topology network's rate as a fraction of the lengths' (ARTree: 1e-4 vs 1e-3)
+    topology_rate: float = 0.3  # the topology network's rate as a fraction of the lengths' (ARTree: 1e-4 vs 1e-3)
     anneal: int = 0  # steps over which beta (likelihood's power) rises linearly from `beta_start` to 1; 0: none
     beta_start: float = 0.001
     width: int = 32  # node-feature size of both graph networks
     depth: int = 2  # message-passing rounds
+    proximity: float = 10.0  # the topology's starting weight on distance-guided insertion (`TopologyModel`)
+    population: int | None = None  # q's trained side by side (None: 8 on a GPU, 1 on a CPU); the worse half
+    # replaced by the better at `selections`, the best one kept at the end
+    selections: int = 5  # selections, one every tenth of the run from the first (so over its first half)
     block: int = 100  # steps per device call (a checkpoint after each)
     branch_rate: float = 10.0  # edge lengths ~ Exponential(rate)
     repeats: int = 10  # importance-sampling estimates of log p(y) (mean and sd reported)
@@ -51,7 +56,10 @@ class VISettings:
     tree_samples: int = 1000  # trees from q written to samples.trees
 
     def __post_init__(self):
-        for name in ("steps", "block", "repeats", "importance", "eval_batch", "tree_samples", "width", "depth"):
+        if self.population is None:  # the GPU's width costs little: a step is launch-bound, not arithmetic-bound
+            object.__setattr__(self, "population", 8 if jax.default_backend() == "gpu" else 1)
+        for name in ("steps", "block", "repeats", "importance", "eval_batch", "tree_samples", "width", "depth",
+                     "population"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"vi setting {name} must be at least 1, got {getattr(self, name)}")
         if self.particles < 2:
@@ -60,6 +68,8 @@ class VISettings:
             raise InputError(f"learning rates must be positive, got {self.learning_rate}, x{self.topology_rate}")
         if not self.branch_rate > 0:
             raise InputError(f"--branch-rate must be positive, got {self.branch_rate}")
+        if not 0 <= self.selections <= 10:
+            raise InputError(f"selections happen at tenths of the run: 0 to 10 of them, not {self.selections}")
         if self.anneal < 0 or not 0 < self.beta_start <= 1:
             raise InputError(f"annealing needs anneal >= 0 and 0 < beta_start <= 1, got {self.anneal}, "
                              f"{self.beta_start}")
@@ -84,12 +94,46 @@ class FitState(eqx.Module):
     step: jax.Array  # [] steps done
 
 
-def initial_fit_state(num_tips: int, settings: VISettings, seed: int) -> FitState:
-    k_top, k_len, key = jax.random.split(jax.random.PRNGKey(seed), 3)
-    q = Variational(TopologyModel(num_tips, settings.width, settings.depth, key=k_top),
-                    LengthModel(num_tips, settings.width, settings.depth, key=k_len))
-    opt_state = settings.optimiser().init(eqx.filter(q, eqx.is_inexact_array))
-    return FitState(q, opt_state, key, jnp.zeros((), jnp.int32))
+def initial_fit_state(num_tips: int, settings: VISettings, seed: int, distances=None) -> FitState:
+    """The untrained population: `settings.population` independent q's (leading axis), random networks with tip
+    embeddings from `distances [N, N]` (`tip_coordinates`) when given, and then the topology's proximity weight
+    `settings.proximity`."""
+
+    def member(key):
+        k_top, k_len, k_tips, key = jax.random.split(key, 4)
+        tips = None if distances is None else tip_coordinates(distances, settings.width, key=k_tips)
+        q = Variational(TopologyModel(num_tips, settings.width, settings.depth, key=k_top, tips=tips,
+                                      proximity=0.0 if tips is None else settings.proximity),
+                        LengthModel(num_tips, settings.width, settings.depth, key=k_len, tips=tips))
+        opt_state = settings.optimiser().init(eqx.filter(q, eqx.is_inexact_array))
+        return FitState(q, opt_state, key, jnp.zeros((), jnp.int32))
+
+    members = [member(k) for k in jax.random.split(jax.random.PRNGKey(seed), settings.population)]
+    static = eqx.partition(members[0], eqx.is_array)[1]
+    arrays = [eqx.filter(m, eqx.is_array) for m in members]
+    return eqx.combine(jax.tree.map(lambda *xs: jnp.stack(xs), *arrays), static)
+
+
+def select(state: FitState, scores) -> tuple[FitState, np.ndarray]:
+    """The population after a selection: the members of the worse half (by `scores [P]`, higher better) replaced by
+    copies of the better half (networks and Adam's moments), each keeping its own random key so that copies part.
+    Returns the state and `source [P]`, the member each slot now holds."""
+    order = np.argsort(-np.asarray(scores), kind="stable")
+    keep = (len(order) + 1) // 2
+    source = np.arange(len(order))
+    source[order[keep:]] = order[:len(order) - keep]
+    copied = _map_arrays(lambda x: x[source], state)
+    return eqx.tree_at(lambda s: s.key, copied, state.key), source
+
+
+def member(state: FitState, index: int) -> FitState:
+    """One member of a population."""
+    return _map_arrays(lambda x: x[index], state)
+
+
+def _map_arrays(f, tree):
+    arrays, static = eqx.partition(tree, eqx.is_array)
+    return eqx.combine(jax.tree.map(f, arrays), static)
 
 
 def beta_at(step, settings: VISettings, anneal):
@@ -121,9 +165,14 @@ def train_step(state: FitState, target: Target, settings: VISettings, steps, ann
 
 @eqx.filter_jit
 def run_block(state: FitState, target: Target, settings: VISettings, count, steps, anneal):
-    """`count` (<= `settings.block`) steps of a run of `steps` annealed over `anneal` (all traced: one program for
-    every length);
-    trace rows `[block, 3]` (rows past `count` are NaN)."""
+    """`count` (<= `settings.block`) steps of every member of a population (`state`'s leading axis) in a run of
+    `steps` annealed over `anneal` (all traced: one program for every length); trace rows `[P, block, 3]` (rows
+    past `count` are NaN)."""
+    return eqx.filter_vmap(_member_block, in_axes=(eqx.if_array(0), None, None, None, None, None))(
+        state, target, settings, count, steps, anneal)
+
+
+def _member_block(state: FitState, target: Target, settings: VISettings, count, steps, anneal):
     dynamic, static = eqx.partition(state, eqx.is_array)
 
     def one(dynamic, i):

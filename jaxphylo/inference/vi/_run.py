@@ -28,14 +28,14 @@ import jax
 import numpy as np
 
 from ..._errors import InputError
-from ...data import Alignment
+from ...data import Alignment, distances
 from ...io import nexus_trees_header
 from ...likelihood import PRECISIONS, max_step_width, search_data
 from ...models import PartitionedModel, model_record, parse_model
 from ...runtime import NEVER, BlockRun, alignment_digest, from_numpy, to_numpy
 from ...tree import kernel_batch, phase_widths, random_topology_tree
 from ..mc3 import RunSamples, consensus_newick, split_frequencies, tree_newick
-from ._fit import VISettings, estimate, initial_fit_state, run_block
+from ._fit import VISettings, estimate, initial_fit_state, member, run_block, select
 from ._objective import Target
 
 TRACE_COLUMNS = ("step", "beta", "bound_K", "elbo")
@@ -93,7 +93,7 @@ def target_of(alignment: Alignment, model, settings: VISettings, precision: str 
 def program_settings(settings: VISettings) -> VISettings:
     """The settings with what does not shape the training program set aside (a static argument: runs that
     differ only in length or estimates share one compilation)."""
-    return replace(settings, steps=1, anneal=0, repeats=1, importance=1, tree_samples=1)
+    return replace(settings, steps=1, anneal=0, repeats=1, importance=1, tree_samples=1, selections=1)
 
 
 def vi(
@@ -119,7 +119,7 @@ def vi(
     settings = settings or VISettings()
     taxa = tuple(alignment.taxa)
     target = target_of(alignment, model, settings, precision)
-    state = initial_fit_state(len(taxa), settings, seed)
+    state = initial_fit_state(len(taxa), settings, seed, distances(alignment, saturated=5.0))
     arrays, static = eqx.partition(state, eqx.is_array)
     record = {"alignment": alignment_digest(alignment), "model": model_record(model), "seed": seed,
               "precision": precision, "settings": {k: str(v) for k, v in asdict(settings).items()}}
@@ -128,39 +128,49 @@ def vi(
     run = BlockRun(None if folder is None else folder / "checkpoint.pkl", record,
                    [] if folder is None else [trace_path], stop)
     trace: list = []
+    scores = np.zeros(settings.population)  # every member's mean K-sample bound over the last block
     if (saved := run.open(resume)) is not None:
         state = eqx.combine(from_numpy(saved["state"], arrays), static)
         trace = [tuple(row) for row in saved["trace"]]
+        scores = saved["scores"]
     elif trace_path is not None:
         trace_path.write_text("\t".join(TRACE_COLUMNS) + "\n")
 
     def payload():
-        return {"state": to_numpy(eqx.filter(state, eqx.is_array)), "trace": np.asarray(trace)}
+        return {"state": to_numpy(eqx.filter(state, eqx.is_array)), "trace": np.asarray(trace), "scores": scores}
 
     program = program_settings(settings)
+    selection_steps = {settings.steps * i // 10 for i in range(1, settings.selections + 1)} \
+        if settings.population > 1 else set()
     began = time.perf_counter()
-    while int(state.step) < settings.steps:
-        run.stop_point(payload, f"after {int(state.step)} steps")
-        first = int(state.step)
+    while (first := int(state.step[0])) < settings.steps:
+        run.stop_point(payload, f"after {first} steps")
         count = min(settings.block, settings.steps - first)
         state, rows = run_block(state, target, program, np.int32(count), np.int32(settings.steps),
                                 np.int32(settings.anneal))
-        rows = [(first + i + 1,) + tuple(float(x) for x in row) for i, row in enumerate(np.asarray(rows)[:count])]
+        rows = np.asarray(rows)[:, :count]  # [P, count, 3]
+        scores = rows[:, :, 1].mean(1)
+        best = np.argmax(rows[:, :, 1], 0)  # the trace follows, step by step, the member with the highest bound
+        rows = [(first + i + 1,) + tuple(float(x) for x in rows[best[i], i]) for i in range(count)]
         trace.extend(rows)
         if trace_path is not None:
             with open(trace_path, "a") as handle:
                 handle.writelines("\t".join(f"{x:.10g}" for x in row) + "\n" for row in rows)
+        if any(first < step <= first + count for step in selection_steps):
+            state, source = select(state, scores)
+            scores = scores[source]
         run.save(payload)
         if progress is not None:
             progress(trace[-1][0], trace[-1][2], trace[-1][3])
     seconds = time.perf_counter() - began
-    log_ml, elbo, parents, lengths, log_w = estimate(state.q, target, settings,
+    fitted = member(state, int(np.argmax(scores)))
+    log_ml, elbo, parents, lengths, log_w = estimate(fitted.q, target, settings,
                                                      jax.random.fold_in(jax.random.PRNGKey(seed), 1 << 20))
     samples = RunSamples()
     for k in range(len(log_w)):
         samples.add(k + 1, parents[k], lengths[k], taxa, [log_w[k]])
-    result = VIResult(taxa, settings, state.q, np.asarray(trace, float).reshape(-1, len(TRACE_COLUMNS)), log_ml, elbo,
-                      samples, int(state.step), seconds)
+    result = VIResult(taxa, settings, fitted.q, np.asarray(trace, float).reshape(-1, len(TRACE_COLUMNS)), log_ml,
+                      elbo, samples, int(fitted.step), seconds)
     if folder is not None:
         _write_outputs(folder, result, parents, lengths)
     return result

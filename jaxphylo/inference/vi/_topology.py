@@ -60,24 +60,34 @@ def attach(parent: Int[Array, " M"], w, k, v) -> tuple[Int[Array, " M"], Int[Arr
 
 
 class TopologyModel(eqx.Module):
-    """Insertion-edge logits from a graph network over the partial tree."""
+    """Insertion-edge logits from a graph network over the partial tree, plus a learned proximity term.
+
+    `logit(k, e) = MLP([f_e, x_k]) - a ||m_e - t_k||^2 / (2d)`: `f_e` the edge's feature, `x_k` the added taxon's
+    embedding, `m_e` the midpoint of the edge in the harmonic features, `t_k` the taxon's tip embedding (`d` its
+    size) and `a` a learned weight. With tip embeddings started from the taxa's distances (`tip_coordinates`),
+    the second term makes the untrained q a randomised distance-guided stepwise addition, so training begins
+    among plausible trees instead of uniform ones; every tree keeps positive probability for any `a`.
+    """
 
     encoder: TreeEncoder
     taxon: Float[Array, "N d"]
     score: eqx.nn.MLP
+    proximity: Float[Array, ""]
 
-    def __init__(self, num_tips: int, width: int = 32, depth: int = 2, *, key):
+    def __init__(self, num_tips: int, width: int = 32, depth: int = 2, *, key, tips=None, proximity: float = 0.0):
         k1, k2, k3 = jax.random.split(key, 3)
-        self.encoder = TreeEncoder(num_tips, width, depth, k1)
-        self.taxon = 0.1 * jax.random.normal(k2, (num_tips, width))
+        self.encoder = TreeEncoder(num_tips, width, depth, k1, tips)
+        self.taxon = 0.1 * jax.random.normal(k2, (num_tips, width)) + (0.0 if tips is None else jnp.asarray(tips))
         self.score = eqx.nn.MLP(2 * width, 1, width, 1, activation=jax.nn.elu, key=k3)
+        self.proximity = jnp.asarray(proximity, float)
 
     def logits(self, parent, w, k) -> Float[Array, " M"]:
         """`[M]` logits of attaching taxon `k` to each node's edge; `-inf` where a node has no edge yet."""
-        edges = self.encoder.edges(parent, w, k)
+        edges, midpoints = self.encoder.edges(parent, w, k)
         added = jnp.broadcast_to(self.taxon[k], edges.shape)
         raw = jax.vmap(self.score)(jnp.concatenate([edges, added], 1))[:, 0]
-        return jnp.where(edge_nodes(parent, w), raw, -jnp.inf)
+        near = jnp.sum((midpoints - self.encoder.tips[k]) ** 2, 1) / (2 * edges.shape[1])
+        return jnp.where(edge_nodes(parent, w), raw - self.proximity * near, -jnp.inf)
 
     def walk(self, num_tips: int, key=None, choices=None):
         """Build a tree, drawing the edges (`key`) or following given `choices` `[N - 3]` (node ids).
