@@ -73,6 +73,11 @@ def test_the_construction_gives_every_topology_once_and_probabilities_summing_to
     probabilities = np.exp(np.asarray(log_q))
     assert probabilities.sum() == pytest.approx(1.0, abs=1e-12)
     assert probabilities.min() > 0
+    # the exploring proposal (a share of uniform insertion) is a distribution over the same sequences, and it
+    # reports q's own probabilities beside its own
+    _, _, log_q_again, log_r = eqx.filter_jit(jax.vmap(lambda c: q.explore(5, 0.3, choices=c)))(jnp.asarray(choices))
+    np.testing.assert_allclose(np.asarray(log_q_again), np.asarray(log_q), atol=1e-12)
+    assert np.exp(np.asarray(log_r)).sum() == pytest.approx(1.0, abs=1e-12) and np.exp(np.asarray(log_r)).min() > 0
     # a drawn tree follows one of those sequences, and its log q is the one the sequence gives
     _, picked, drawn = eqx.filter_jit(q.sample)(jax.random.PRNGKey(0), 5)
     assert tuple(np.asarray(picked).tolist()) in choices
@@ -171,17 +176,21 @@ def exact_topology_posterior(target, particles=4000, seed=0):
     return posterior, min(e for e, p in zip(ess, posterior) if p > 0.01), float(jax.nn.logsumexp(marginals))
 
 
-def test_short_fit_recovers_the_exact_posterior_over_topologies(alignment):
-    """q(tree) (exact: the 15 sequences' probabilities) within 0.02 of the posterior over topologies, and the
-    importance-sampled log ML within 0.1 of the enumerated one. From the default start, distance-guided insertion,
-    which begins concentrated: 4,000 steps (2,000 left it 0.044 off; from a uniform start 0.018)."""
-    settings = VISettings(steps=4000, repeats=2, importance=500, tree_samples=10, **SETTINGS)
+@pytest.mark.parametrize("explore", [0.0, 0.2], ids=["vimco", "explore-rws"])
+def test_short_fit_recovers_the_exact_posterior_over_topologies(alignment, explore):
+    """q(tree) (exact: the 15 sequences' probabilities) within 0.02 of the posterior over topologies (0.05 for
+    reweighted wake-sleep on exploring particles), and the importance-sampled log ML within 0.1 of the enumerated
+    one. From the default start, distance-guided insertion, which begins concentrated: 4,000 steps (2,000
+    left VIMCO 0.044 off; from a uniform start 0.018)."""
+    settings = VISettings(steps=4000, repeats=2, importance=500, tree_samples=10, explore=explore, **SETTINGS)
     result = vi(alignment, "JC", settings, seed=0)
     posterior, ess, log_ml = exact_topology_posterior(target_of(alignment, "JC", settings))
     assert ess > 0.2
     q_tree = np.exp(np.asarray(eqx.filter_jit(jax.vmap(lambda c: result.q.topology.log_prob(c, 5)))(
         jnp.asarray(all_choices(5)))))
-    assert np.max(np.abs(q_tree - posterior)) < 0.02, (q_tree.round(3), posterior.round(3))
+    # VIMCO's gradient is unbiased; reweighted wake-sleep's self-normalised weights over K = 10 particles are
+    # biased at finite K (measured 0.033 here), hence its wider bound
+    assert np.max(np.abs(q_tree - posterior)) < (0.05 if explore else 0.02), (q_tree.round(3), posterior.round(3))
     assert np.mean(result.log_ml) == pytest.approx(log_ml, abs=0.1)
     assert np.mean(result.elbo) < np.mean(result.log_ml)
 
@@ -230,7 +239,8 @@ def test_selection_copies_the_better_half_and_keeps_every_slots_key():
 def test_a_population_run_selects_and_resumes_to_the_same_bytes(alignment, tmp_path):
     """Two q's side by side (selections inside both blocks' spans), stopped after the first block and resumed:
     the same files as a run that never stopped; the result is one member (its step count, not the population's)."""
-    settings = VISettings(steps=200, repeats=2, importance=100, tree_samples=5, population=2, **SETTINGS)
+    settings = VISettings(steps=200, repeats=2, importance=100, tree_samples=5, population=2, selections=5,
+                          **SETTINGS)
     whole = vi(alignment, "JC", settings, out=tmp_path / "whole")
     assert whole.steps == 200 and len(whole.trace) == 200 and np.all(np.isfinite(whole.trace))
     with pytest.raises(Interrupted, match="after 100 steps"):

@@ -1,4 +1,4 @@
-"""`jaxphylo vi ALIGNMENT -m MODEL`: variational Bayesian phylogenetics (ARTree's q(tree), VIMCO) from the command line.
+"""`jaxphylo vi ALIGNMENT -m MODEL`: variational Bayesian phylogenetics (ARTree's q(tree)) from the command line.
 
 A long command: SIGTERM, SIGINT, SIGUSR1 or `--max-time` stop it after the
 current block, saved (exit 75); `--resume` continues it to the bytes of a run
@@ -13,7 +13,7 @@ from ._common import add_data_options
 
 
 def add_command(subparsers) -> None:
-    vi = subparsers.add_parser("vi", help="variational Bayesian tree inference (ARTree-style q, VIMCO, no candidate "
+    vi = subparsers.add_parser("vi", help="variational Bayesian tree inference (ARTree-style q, no candidate "
                                           "trees)")
     vi.add_argument("alignment", help="FASTA, PHYLIP or NEXUS alignment")
     vi.add_argument("--model", "-m", required=True, help="substitution model, parameters fixed at the string's values "
@@ -26,9 +26,15 @@ def add_command(subparsers) -> None:
                     help="the topology network's learning rate as a fraction of --lr (default 0.3)")
     vi.add_argument("--proximity", type=float, default=10.0,
                     help="starting weight of distance-guided insertion in q(tree) (default 10; 0: uniform start)")
+    vi.add_argument("--explore", type=float, default=0.05,
+                    help="draw the training trees with this share of uniform insertion per step (falling to 0 at half "
+                         "the run) and train q(tree) by reweighted wake-sleep (default 0.05; 0: VIMCO)")
     vi.add_argument("--population", type=int,
-                    help="q's trained side by side, the worse half replaced by the better over the first half of the "
-                         "run, the best one kept (default 8 on a GPU, 1 on a CPU)")
+                    help="q's trained side by side from different random starts, the best at the end kept (default 8 "
+                         "on a GPU, 1 on a CPU)")
+    vi.add_argument("--selections", type=int, default=0,
+                    help="times, at tenths of the run, the population's worse half is replaced by copies of the "
+                         "better half (default 0)")
     vi.add_argument("--anneal", type=int, default=0,
                     help="steps over which the likelihood's power rises from 0.001 to 1 (default 0: none)")
     vi.add_argument("--width", type=int, default=32, help="node features of the graph networks (default 32)")
@@ -53,8 +59,9 @@ def run(args) -> None:
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type, genetic_code=args.genetic_code)
     settings = VISettings(steps=args.steps, particles=args.particles, learning_rate=args.lr,
                           topology_rate=args.topology_rate, anneal=args.anneal, proximity=args.proximity,
-                          population=args.population, width=args.width, block=args.block, branch_rate=args.branch_rate, repeats=args.repeats,
-                          importance=args.importance, eval_batch=args.eval_batch, tree_samples=args.samples)
+                          explore=args.explore, population=args.population, selections=args.selections,
+                          width=args.width, block=args.block,
+                          branch_rate=args.branch_rate, repeats=args.repeats, importance=args.importance, eval_batch=args.eval_batch, tree_samples=args.samples)
 
     def progress(step, bound, elbo):
         print(f"step {step}\t{settings.particles}-sample bound {bound:.2f}\tELBO estimate {elbo:.2f}", file=sys.stderr,

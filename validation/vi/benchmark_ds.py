@@ -83,6 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--topology-rate", type=float, default=0.1)
     parser.add_argument("--proximity", type=float, default=VISettings.proximity)
     parser.add_argument("--population", type=int, default=VISettings.population)
+    parser.add_argument("--explore", type=float, default=VISettings.explore)
     parser.add_argument("--selections", type=int, default=VISettings.selections)
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--block", type=int, default=200)
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     alignment = jp.read_alignment(folder / "alignment.fasta")
     settings = VISettings(steps=args.steps, particles=args.particles, learning_rate=args.lr,
                           topology_rate=args.topology_rate, anneal=args.anneal, proximity=args.proximity,
-                          population=args.population, selections=args.selections,
+                          population=args.population, selections=args.selections, explore=args.explore,
                           width=args.width, block=args.block, repeats=args.repeats, importance=args.importance,
                           eval_batch=args.eval_batch)
     out = Path(args.out)
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
         "protocol": "JC69, edges i.i.d. Exponential(10), uniform topologies",
         "device": str(jax.devices()[0]), "platform": platform.platform(), "jax": jax.__version__,
         "settings": {k: getattr(settings, k) for k in ("steps", "particles", "learning_rate", "topology_rate",
-                                                        "final_rate", "anneal", "proximity", "population",
+                                                        "final_rate", "anneal", "proximity", "explore", "population",
                                                         "selections", "width", "depth", "block", "repeats",
                                                         "importance")},
         "calibration": calibration,

@@ -2,9 +2,11 @@
 
 q(tree) is ARTree's autoregressive construction (`_topology`), q(lengths | tree)
 VBPI-GNN's log-normal edges (`_lengths`), both on graph networks written with
-equinox (`_graph`); the objective is the multi-sample bound with VIMCO's
-gradient (`_objective`), trained with optax (`_fit`) in resumable blocks
-(`_run`, on `runtime.BlockRun`).
+equinox (`_graph`), started from the taxa's distances; the objective is the
+multi-sample bound, its gradient for q(tree) by reweighted wake-sleep on
+exploring particles (default) or VIMCO (`_objective`), trained with optax in a
+population of restarts (`_fit`) in resumable blocks (`_run`, on
+`runtime.BlockRun`).
 """
 
 from ._fit import (
@@ -22,6 +24,7 @@ from ._objective import (
     Variational as Variational,
     draw as draw,
     multi_sample_bound as multi_sample_bound,
+    rws_surrogate as rws_surrogate,
     vimco_surrogate as vimco_surrogate,
 )
 from ._run import VIResult as VIResult, plot_trace as plot_trace, target_of as target_of, vi as vi

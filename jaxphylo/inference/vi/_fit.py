@@ -28,7 +28,7 @@ import optax
 
 from ..._errors import InputError
 from ._lengths import LengthModel
-from ._objective import Target, Variational, draw, multi_sample_bound, vimco_surrogate
+from ._objective import Target, Variational, draw, multi_sample_bound, rws_surrogate, vimco_surrogate
 from ._graph import tip_coordinates
 from ._topology import TopologyModel
 
@@ -45,9 +45,11 @@ class VISettings:
     width: int = 32  # node-feature size of both graph networks
     depth: int = 2  # message-passing rounds
     proximity: float = 10.0  # the topology's starting weight on distance-guided insertion (`TopologyModel`)
-    population: int | None = None  # q's trained side by side (None: 8 on a GPU, 1 on a CPU); the worse half
-    # replaced by the better at `selections`, the best one kept at the end
-    selections: int = 5  # selections, one every tenth of the run from the first (so over its first half)
+    explore: float = 0.05  # > 0: trees drawn with this share of uniform insertion, falling to 0 at half the run,
+    # and q(tree) trained by reweighted wake-sleep (`rws_surrogate`); 0: VIMCO on trees from q
+    population: int | None = None  # q's trained side by side (None: 8 on a GPU, 1 on a CPU), the best at the end
+    # kept; the worse half replaced by copies of the better at each of `selections`
+    selections: int = 0  # selections, one every tenth of the run from the first; 0: independent restarts
     block: int = 100  # steps per device call (a checkpoint after each)
     branch_rate: float = 10.0  # edge lengths ~ Exponential(rate)
     repeats: int = 10  # importance-sampling estimates of log p(y) (mean and sd reported)
@@ -68,6 +70,8 @@ class VISettings:
             raise InputError(f"learning rates must be positive, got {self.learning_rate}, x{self.topology_rate}")
         if not self.branch_rate > 0:
             raise InputError(f"--branch-rate must be positive, got {self.branch_rate}")
+        if not 0 <= self.explore < 1:
+            raise InputError(f"--explore is a share of uniform insertion, in [0, 1), not {self.explore}")
         if not 0 <= self.selections <= 10:
             raise InputError(f"selections happen at tenths of the run: 0 to 10 of them, not {self.selections}")
         if self.anneal < 0 or not 0 < self.beta_start <= 1:
@@ -142,14 +146,25 @@ def beta_at(step, settings: VISettings, anneal):
     return jnp.where(anneal > 0, jnp.minimum(1.0, rising), 1.0)
 
 
+def explore_at(step, settings: VISettings, steps):
+    """The share of uniform insertion at `step`: `settings.explore`, falling linearly to 0 at half the run."""
+    return settings.explore * jnp.maximum(0.0, 1.0 - 2.0 * step / steps)
+
+
 def train_step(state: FitState, target: Target, settings: VISettings, steps, anneal) -> tuple[FitState, jax.Array]:
-    """One Adam step along VIMCO's gradient; the trace row `(beta, L^, mean log w)`."""
+    """One Adam step along VIMCO's gradient (reweighted wake-sleep's for q(tree) when `settings.explore`); the
+    trace row `(beta, L^, mean log w)` (while exploring, of the exploring proposal's particles)."""
     key, k_draw = jax.random.split(state.key)
     beta = beta_at(state.step, settings, anneal)
 
     def loss(q):
-        particles = draw(q, target, k_draw, settings.particles)
-        surrogate = vimco_surrogate(particles.log_weights(beta), particles.log_q_tree)
+        if settings.explore > 0:
+            particles = draw(q, target, k_draw, settings.particles, explore_at(state.step, settings, steps))
+            held = eqx.tree_at(lambda p: p.log_r_tree, particles, jax.lax.stop_gradient(particles.log_r_tree))
+            surrogate = rws_surrogate(held.log_weights(beta), particles.log_q_tree)
+        else:
+            particles = draw(q, target, k_draw, settings.particles)
+            surrogate = vimco_surrogate(particles.log_weights(beta), particles.log_q_tree)
         log_w = jax.lax.stop_gradient(particles.log_weights())
         return -surrogate, jnp.stack([beta, multi_sample_bound(log_w), jnp.mean(log_w)])
 

@@ -70,20 +70,25 @@ class Particles(eqx.Module):
     log_prior: Array  # [K]
     log_q_tree: Array  # [K]
     log_q_lengths: Array  # [K]
+    log_r_tree: Array  # [K] the trees' proposal (q itself unless `draw` explored)
 
     def log_weights(self, beta=1.0):
-        return beta * self.log_likelihood + self.log_prior - self.log_q_tree - self.log_q_lengths
+        """`log p(y^beta, tree, t) - log r(tree) - log q(t | tree)`: importance weights for the proposal that drew
+        the particles."""
+        return beta * self.log_likelihood + self.log_prior - self.log_r_tree - self.log_q_lengths
 
 
-def draw(q: Variational, target: Target, key, count: int) -> Particles:
-    """`count` particles from q, their trees scored together by one batched likelihood call."""
+def draw(q: Variational, target: Target, key, count: int, explore=None) -> Particles:
+    """`count` particles, their trees scored together by one batched likelihood call: trees from q, or with
+    `explore` a share of uniform insertion at each step (`TopologyModel.explore`), lengths from q."""
     k_tree, k_len = jax.random.split(key)
-    parents, _, log_q_tree = jax.vmap(lambda k: q.topology.sample(k, target.num_tips))(jax.random.split(k_tree, count))
+    parents, _, log_q_tree, log_r_tree = jax.vmap(lambda k: q.topology.explore(target.num_tips, explore, key=k))(
+        jax.random.split(k_tree, count))
     ws = jax.vmap(root_child)(parents)
     lengths, log_q_lengths = jax.vmap(q.lengths.sample)(jax.random.split(k_len, count), parents, ws)
     edges = jax.vmap(edge_nodes)(parents, ws)
     return Particles(parents, lengths, target.log_likelihoods(parents, lengths), target.log_priors(lengths, edges),
-                     log_q_tree, log_q_lengths)
+                     log_q_tree, log_q_lengths, log_r_tree)
 
 
 def root_child(parent):
@@ -106,3 +111,13 @@ def vimco_surrogate(log_w: Float[Array, " K"], log_q_tree: Float[Array, " K"]) -
     baseline = jax.vmap(multi_sample_bound)(swapped)
     signal = jax.lax.stop_gradient(bound - baseline)
     return bound + jnp.sum(signal * (log_q_tree - jax.lax.stop_gradient(log_q_tree)))
+
+
+def rws_surrogate(log_w: Float[Array, " K"], log_q_tree: Float[Array, " K"]) -> Float[Array, ""]:
+    """A scalar whose gradient is the multi-sample bound's for the lengths (reparameterised, trees held fixed) plus
+    reweighted wake-sleep's for q(tree) (Bornschein & Bengio 2015; VBPI used it): `sum_i w~_i grad log q(tree_i)`,
+    `w~` the self-normalised weights, a consistent estimate of `E_posterior[grad log q(tree)]`, the gradient of the
+    inclusive `KL(p || q)`. It holds for any proposal of the trees, so the particles may come from an exploring
+    one; and the inclusive divergence punishes a q that misses posterior mass (VIMCO's exclusive one does not)."""
+    normalised = jax.lax.stop_gradient(jax.nn.softmax(log_w))
+    return multi_sample_bound(log_w) + jnp.sum(normalised * log_q_tree)

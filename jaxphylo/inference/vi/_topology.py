@@ -95,29 +95,38 @@ class TopologyModel(eqx.Module):
         Returns `(parent [M], choices [N - 3], log q(tree))`; the log-probability is differentiable in the
         network's parameters (the choices are integers).
         """
+        return self.explore(num_tips, None, key=key, choices=choices)[:3]
+
+    def explore(self, num_tips: int, share, key=None, choices=None):
+        """`walk` drawing each edge from `(1 - share) softmax(logits) + share / (2k - 3)`: q with a `share` of
+        uniform insertion at every step (a defensive proposal `r`: any leaf may land anywhere, so trees that q has
+        stopped drawing are still met; `share=None`: r = q). Returns `(parent, choices, log q(tree), log r(tree))`, exact for both
+        (the same fixed-order construction)."""
         steps = jnp.arange(3, num_tips, dtype=jnp.int32)
         keys = jax.random.split(key, num_tips - 3) if choices is None else jnp.zeros((num_tips - 3, 2), jnp.uint32)
         given = jnp.zeros(num_tips - 3, jnp.int32) if choices is None else jnp.asarray(choices, jnp.int32)
 
         def step(carry, inputs):
-            parent, w, log_q = carry
+            parent, w, log_q, log_r = carry
             k, key_k, chosen = inputs
             logits = self.logits(parent, w, k)
-            v = (jax.random.categorical(key_k, logits) if choices is None else chosen).astype(jnp.int32)
-            log_q = log_q + jax.nn.log_softmax(logits)[v]
+            own = jax.nn.log_softmax(logits)
+            uniform = jnp.where(jnp.isfinite(logits), -jnp.log(2.0 * k - 3.0), -jnp.inf)
+            mixed = jnp.logaddexp(jnp.log1p(-share) + own, jnp.log(share) + uniform) if share is not None else own
+            v = (jax.random.categorical(key_k, mixed) if choices is None else chosen).astype(jnp.int32)
             parent, w = attach(parent, w, k, v)
-            return (parent, w, log_q), v
+            return (parent, w, log_q + own[v], log_r + mixed[v]), v
 
         parent, w = star_tree(num_tips)
-        (parent, w, log_q), picked = jax.lax.scan(step, (parent, w, jnp.zeros(())), (steps, keys, given))
-        return parent, picked, log_q
+        zero = jnp.zeros(())
+        (parent, w, log_q, log_r), picked = jax.lax.scan(step, (parent, w, zero, zero), (steps, keys, given))
+        return parent, picked, log_q, log_r
 
     def sample(self, key, num_tips: int):
         return self.walk(num_tips, key=key)
 
     def log_prob(self, choices, num_tips: int):
         return self.walk(num_tips, choices=choices)[2]
-
 
 def all_choices(num_tips: int) -> list[tuple[int, ...]]:
     """Every choice sequence of the construction (host side, small `N`): one per topology, `(2N - 5)!!` of them.
