@@ -60,8 +60,8 @@ def run(args) -> None:
     settings = VISettings(steps=args.steps, particles=args.particles, learning_rate=args.lr,
                           topology_rate=args.topology_rate, anneal=args.anneal, proximity=args.proximity,
                           explore=args.explore, population=args.population, selections=args.selections,
-                          width=args.width, block=args.block,
-                          branch_rate=args.branch_rate, repeats=args.repeats, importance=args.importance, eval_batch=args.eval_batch, tree_samples=args.samples)
+                          width=args.width, block=args.block, branch_rate=args.branch_rate, repeats=args.repeats,
+                          importance=args.importance, eval_batch=args.eval_batch, tree_samples=args.samples)
 
     def progress(step, bound, elbo):
         print(f"step {step}\t{settings.particles}-sample bound {bound:.2f}\tELBO estimate {elbo:.2f}", file=sys.stderr,

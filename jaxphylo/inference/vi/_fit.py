@@ -1,13 +1,15 @@
 """Training q by stochastic gradient (optax Adam), blocks of steps on the device, and the estimates from q.
 
-One step draws `K` particles, scores their trees in one batched likelihood
-call, and takes an Adam step along VIMCO's estimate of `grad L_K`
-(`_objective`): the lengths' network at a rate cosine-decayed from
-`learning_rate` to `final_rate` times it, the topology network at
-`topology_rate` times that (ARTree's 1e-4 against 1e-3: at equal rates q(tree)
-collapsed onto one poor DS1 topology within a thousand steps). `lax.scan` runs a block of steps per device call; the trace
-keeps, per step, the annealing `beta`, the `K`-sample bound `L^` and the
-particles' mean `log w` (a one-sample ELBO estimate), both at `beta = 1`.
+One step draws `K` particles (trees from q, or with `explore` from q with a
+share of uniform insertion), scores their trees in one batched likelihood call,
+and takes an Adam step along the multi-sample bound's gradient, q(tree)'s part
+by VIMCO or, on exploring particles, by reweighted wake-sleep (`_objective`):
+the lengths' network at a rate cosine-decayed from `learning_rate` to
+`final_rate` times it, the topology network at `topology_rate` times that.
+Every member of a population (`initial_fit_state`'s leading axis) takes its
+step in one vmapped program. `lax.scan` runs a block of steps per device call;
+the trace keeps, per step, the annealing `beta`, the `K`-sample bound `L^` and
+the particles' mean `log w` (a one-sample ELBO estimate), both at `beta = 1`.
 
 After training, `estimate` draws `repeats x particles` fresh particles (a key
 of their own): per repeat the importance-sampling estimate of the marginal
@@ -103,9 +105,11 @@ def initial_fit_state(num_tips: int, settings: VISettings, seed: int, distances=
     embeddings from `distances [N, N]` (`tip_coordinates`) when given, and then the topology's proximity weight
     `settings.proximity`."""
 
+    scaled = None if distances is None else tip_coordinates(distances, settings.width)  # once for every member
+
     def member(key):
         k_top, k_len, k_tips, key = jax.random.split(key, 4)
-        tips = None if distances is None else tip_coordinates(distances, settings.width, key=k_tips)
+        tips = None if scaled is None else scaled + 0.1 * np.asarray(jax.random.normal(k_tips, scaled.shape))
         q = Variational(TopologyModel(num_tips, settings.width, settings.depth, key=k_top, tips=tips,
                                       proximity=0.0 if tips is None else settings.proximity),
                         LengthModel(num_tips, settings.width, settings.depth, key=k_len, tips=tips))

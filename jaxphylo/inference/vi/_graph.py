@@ -54,16 +54,16 @@ def adjacency(parent: Int[Array, " M"], w) -> Float[Array, "M M"]:
     return own.T @ ends + ends.T @ own
 
 
-def tip_coordinates(distances: Float[np.ndarray, "N N"], width: int, *, key) -> Float[np.ndarray, "N d"]:
-    """Starting tip embeddings: classical multidimensional scaling of the taxa's distances, plus small noise.
+def tip_coordinates(distances: Float[np.ndarray, "N N"], width: int) -> Float[np.ndarray, "N d"]:
+    """Starting tip embeddings: classical multidimensional scaling of the taxa's distances.
 
     With `B = -1/2 J D^2 J` (`J` the centring matrix) and its eigenpairs `(l_i, v_i)`, the coordinates
     `v_i sqrt(l_i)` of the `width` largest positive `l_i` place the taxa so that Euclidean distances
     approximate `D`. They are scaled to a mean squared norm of `width` (the scale of the N(0, 1) embeddings
-    they replace); dimensions beyond the positive spectrum, and a 0.1 N(0, 1) share everywhere, are noise that
-    breaks ties between taxa at equal distances. The embeddings stay learned: this is where training starts,
-    so that the graph networks see from the first step which taxa are near each other (random embeddings must
-    learn it from the score-function gradient, thousands of steps on DS1).
+    they replace); dimensions beyond the positive spectrum are zero (each q of a population adds its own small
+    noise, which breaks ties between taxa at equal distances). The embeddings stay learned: this is where
+    training starts, so that the graph networks see from the first step which taxa are near each other
+    (random embeddings must learn it from the score-function gradient, thousands of steps on DS1).
     """
     d = np.nan_to_num(np.asarray(distances, float), nan=0.0, posinf=0.0)
     n = d.shape[0]
@@ -74,8 +74,7 @@ def tip_coordinates(distances: Float[np.ndarray, "N N"], width: int, *, key) -> 
     coords = np.zeros((n, width))
     coords[:, :keep.sum()] = vectors[:, order[keep]] * np.sqrt(values[order[keep]])
     norm = np.sqrt(np.mean(np.sum(coords ** 2, 1)))
-    coords = coords * (np.sqrt(width) / norm) if norm > 0 else coords
-    return coords + 0.1 * np.asarray(jax.random.normal(key, (n, width)))
+    return coords * (np.sqrt(width) / norm) if norm > 0 else coords
 
 
 class TreeEncoder(eqx.Module):

@@ -100,8 +100,8 @@ class TopologyModel(eqx.Module):
     def explore(self, num_tips: int, share, key=None, choices=None):
         """`walk` drawing each edge from `(1 - share) softmax(logits) + share / (2k - 3)`: q with a `share` of
         uniform insertion at every step (a defensive proposal `r`: any leaf may land anywhere, so trees that q has
-        stopped drawing are still met; `share=None`: r = q). Returns `(parent, choices, log q(tree), log r(tree))`, exact for both
-        (the same fixed-order construction)."""
+        stopped drawing are still met; `share=None`: r = q). Returns `(parent, choices, log q(tree),
+        log r(tree))`, exact for both (the same fixed-order construction)."""
         steps = jnp.arange(3, num_tips, dtype=jnp.int32)
         keys = jax.random.split(key, num_tips - 3) if choices is None else jnp.zeros((num_tips - 3, 2), jnp.uint32)
         given = jnp.zeros(num_tips - 3, jnp.int32) if choices is None else jnp.asarray(choices, jnp.int32)
