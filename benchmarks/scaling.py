@@ -9,8 +9,8 @@
 `mc3` and `bootstrap` (weak scaling of whole runs): `--per-device` MC3 runs
 (4 chains, `--generations`) or bootstrap replicates per device on a real
 alignment, the batch over the devices, each run made twice (compile, then
-timed). `--processes` (mc3): a count of n devices runs as n processes joined by
-`jax.distributed`, one device each (what `jaxphylo --distributed mcmc` does with
+timed). `--processes` (mc3, bootstrap): a count of n devices runs as n processes joined by
+`jax.distributed`, one device each (what `jaxphylo --distributed mcmc|ml` does with
 a process per GPU), instead of one process driving n devices.
 
 `strong` (the default): one tree of TAXA x PATTERNS random patterns (HKY+G4, a
@@ -317,15 +317,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    parser.add_argument("--processes", action="store_true", help="mc3: n devices as n processes, one device each")
+    parser.add_argument("--processes", action="store_true", help="mc3, bootstrap: n devices as n processes, one device "
+                        "each")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one count, print its row
     parser.add_argument("--process", type=int, help=argparse.SUPPRESS)  # internal: this process's index
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)  # internal: the coordinator's port
     args = parser.parse_args()
     if args.mode in ("mc3", "bootstrap") and not args.alignment:
         parser.error(f"--mode {args.mode} needs --alignment")
-    if args.processes and args.mode != "mc3":
-        parser.error("--processes is for --mode mc3")
+    if args.processes and args.mode not in ("mc3", "bootstrap"):
+        parser.error("--processes is for --mode mc3 and bootstrap")
     if args.one is not None:
         if args.process is not None:
             jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU runs; a GPU's are NCCL's

@@ -133,7 +133,18 @@ def distributed(port: int, process_id: int) -> dict:
         with jax.default_device(jax.local_devices()[0]):
             chains.append(jp.inference.mc3(alignment, "HKY", runs=4, chains=2, generations=40, sample_every=20,
                                            seed=5, mesh=where))
+    # Bootstrap replicates in shares over both processes' devices (4 x 1), 3 replicates: process 0 climbs two,
+    # process 1 one and has an empty share; the trees are exchanged once. Against one device of this process.
+    fitted = jp.ml.fit(alignment, tree, model)
+    with jax.default_device(jax.local_devices()[0]):
+        boots = [jp.ml.bootstrap(alignment, fitted, replicates=3, seed=2, mesh=where)
+                 for where in (jp.device_mesh(batch=4, patterns=1), None)]
+    (split_supports, split_trees), (one_supports, one_trees) = boots
     return {"case": name, "process": jax.process_index(), "processes": jax.process_count(),
+            "bootstrap_supports_equal": split_supports == one_supports,
+            "bootstrap_topologies_equal": [t.topology for t in split_trees] == [t.topology for t in one_trees],
+            "bootstrap_lengths": max(max_difference(a.branch_lengths, b.branch_lengths)
+                                     for a, b in zip(split_trees, one_trees)),
             "global_devices": len(jax.devices()), "local_devices": len(jax.local_devices()),
             "mesh": dict(mesh.shape), "sharded": float(value), "single": float(reference),
             "gradient_difference": max_difference(gradient, reference_gradient),

@@ -211,6 +211,10 @@ def test_two_process_distributed_run_on_localhost(helpers):
         assert abs(r["sharded"] - r["single"]) <= TOLERANCE, r
         assert r["gradient_difference"] <= TOLERANCE, r
         assert r["mc3"] <= 1e-9, r  # runs in shares over both processes' devices equal one device's
+        # bootstrap shares climbed by each process on its own devices: the trees of one batch (lengths to the
+        # L-BFGS tolerance, as for shares in one process)
+        assert r["bootstrap_supports_equal"] and r["bootstrap_topologies_equal"], r
+        assert r["bootstrap_lengths"] <= 1e-3, r
     assert results[0]["sharded"] == results[1]["sharded"]
 
 

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment, distances
-from ..runtime import NEVER, BlockRun, alignment_digest, is_local, on_devices, place_batch
+from ..runtime import NEVER, BlockRun, alignment_digest, on_devices, place_batch
 from ..tree import Topology, Tree, TreeBatch, bionj, fixed_branches, kernel_batch, kernel_splits, phase_widths, splits
 from ..likelihood import (
     PRECISIONS, kernel_tree_lengths, max_step_width, place_data, search_data, search_lengths, search_template,
@@ -201,9 +201,10 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
 
 
 def _share_devices(mesh, replicates: int):
-    """The devices that climb a batch's replicates in shares, one share each (`_climb_in_shares`): a mesh of
-    this process's devices whose patterns are not split; None otherwise (the batch is one climb)."""
-    if mesh is None or mesh.shape["patterns"] > 1 or mesh.shape["batch"] < 2 or replicates < 2 or not is_local(mesh):
+    """The devices that climb a batch's replicates in shares, one share each (`_climb_in_shares`): those of a
+    mesh whose patterns are not split, this process's or, under `jax.distributed`, every process's; None
+    otherwise (the batch is one climb)."""
+    if mesh is None or mesh.shape["patterns"] > 1 or mesh.shape["batch"] < 2 or replicates < 2:
         return None
     return list(mesh.devices[:, 0])
 
@@ -216,9 +217,11 @@ def _climb_in_shares(devices, resampling: Resampling, result, rows, settings, pr
     loop as long as the slowest replicate's anywhere, each iteration waiting for every device (weak scaling
     0.50 on 2 GPUs, issue #41). A replicate's climb depends on its own columns alone (each tree is fitted
     by its own optimiser, and a round keeps a tree unless its own move gains), so shares give the trees that
-    one batch gives. A thread per device keeps each GPU fed while the others wait for theirs.
+    one batch gives. A thread per device keeps each GPU fed while the others wait for theirs. Under
+    `jax.distributed` each process climbs its own devices' shares, apart from the others (threads in one
+    process share its interpreter: on four GPUs their host work queued), and the trees are exchanged once.
     """
-    shares = [part for part in np.array_split(np.arange(len(rows)), len(devices)) if len(part)]
+    shares = np.array_split(np.arange(len(rows)), len(devices))  # a share may be empty: fewer rows than devices
     start = None if saved is None else Climb(**saved).batch
 
     def climb_share(part):
@@ -231,11 +234,41 @@ def _climb_in_shares(devices, resampling: Resampling, result, rows, settings, pr
             climb.step(lambda _: problem, settings, on_round)
         return climb
 
-    climbs = on_devices(climb_share, devices[:len(shares)], shares)
-    whole = Climb(*(np.concatenate([np.asarray(c.batch[i]) for c in climbs]) for i in range(3)), spr=False)
-    if all(c.done for c in climbs):
+    mine = [k for k, (device, part) in enumerate(zip(devices, shares))
+            if len(part) and device.process_index == jax.process_index()]
+    climbs = on_devices(climb_share, [devices[k] for k in mine], [shares[k] for k in mine]) if mine else []
+    if len(mine) == sum(len(part) > 0 for part in shares):  # every share was this process's
+        batch, done = [np.concatenate([np.asarray(c.batch[i]) for c in climbs]) for i in range(3)], \
+            all(c.done for c in climbs)
+    else:
+        batch, done = _joined(climbs, [shares[k] for k in mine], devices, shares, result, precision, len(rows))
+    whole = Climb(*batch, spr=False)
+    if done:
         whole.phase = "done"
     return whole
+
+
+def _joined(climbs, parts, devices, shares, result, precision, size: int):
+    """Every process's climbs of one batch `(parents, lengths, log L)` in the replicates' order, and whether
+    all are done: one `process_allgather` of arrays laid out as the whole batch (each process fills its
+    own rows, and the others' are read from their owners)."""
+    from jax.experimental import multihost_utils
+
+    one = kernel_batch([result.tree])  # the shapes of a climb's rows
+    parents, lengths = one.parents, search_lengths(one.branch_lengths, search_template(result.model))
+    dtype = PRECISIONS[precision]
+    batch = [np.zeros((size,) + parents.shape[1:], np.int32), np.zeros((size,) + lengths.shape[1:], dtype),
+             np.zeros(size, dtype)]
+    for climb, part in zip(climbs, parts):
+        for whole, values in zip(batch, climb.batch):
+            whole[part] = np.asarray(values)
+    done = np.asarray(all(c.done for c in climbs))
+    gathered, done = multihost_utils.process_allgather((batch, done))  # [processes, ...]
+    owner = np.zeros(size, int)
+    for device, part in zip(devices, shares):
+        owner[part] = device.process_index
+    rows = np.arange(size)
+    return [np.asarray(g)[owner, rows] for g in gathered], bool(np.all(done))
 
 
 def _replicate_problem(resampling: Resampling, result, columns, settings, precision, mesh=None):

@@ -147,7 +147,7 @@ def dated_mcmc(
         run.save(payload)
         if progress is not None:
             progress(int(state.generation), np.asarray(to_host(state.log_likelihood + state.log_prior)))
-    state = to_host(state)
+    state = to_host(without_partials(state))  # the kept partials are not part of the result
     proposed, accepted = state.proposed.sum(0), state.accepted.sum(0)
     acceptance = {m: float(a / p) for m, p, a in zip(DATED_MOVES, proposed, accepted) if p > 0}
     result = DatedResult(taxa, samples, settings, reference, acceptance, int(state.generation),
