@@ -8,7 +8,7 @@
 
 `mc3` and `bootstrap` (weak scaling of whole runs): `--per-device` MC3 runs
 (4 chains, `--generations`) or bootstrap replicates per device on a real
-alignment, the batch over the devices, each run made twice (compile, then
+alignment, the batch over the devices, each run made 1 + `--repeats` times (compile, then
 timed). `--processes` (mc3, bootstrap): a count of n devices runs as n processes joined by
 `jax.distributed`, one device each (what `jaxphylo --distributed mcmc|ml` does with
 a process per GPU), instead of one process driving n devices.
@@ -82,8 +82,8 @@ def allreduce_seconds(mesh, size: int, repeats: int) -> float:
 def one_application(args, count: int) -> dict:
     """Weak scaling of a whole MC3 run or bootstrap: `--per-device` runs (replicates) on each of `count` devices.
 
-    The run is made twice with the same shapes: the first compiles, the second is timed (`median_s` is its
-    wall time, `compile_s` the first's surplus).
+    The run is made `1 + --repeats` times with the same shapes: the first compiles, the others are timed
+    (`median_s` is their median wall time, `compile_s` the first's surplus over it).
     """
     devices = jax.devices()[:count]
     alignment = jp.read_alignment(args.alignment)
@@ -100,7 +100,7 @@ def one_application(args, count: int) -> dict:
         fitted = jp.ml.fit(alignment, start, model)
         run = lambda: jp.ml.bootstrap(alignment, fitted, replicates=batch, seed=args.seed, mesh=mesh)  # noqa: E731
     times = []
-    for _ in range(2):
+    for _ in range(1 + args.repeats):
         start = time.perf_counter()
         jax.block_until_ready(jax.tree_util.tree_leaves(run()))
         times.append(time.perf_counter() - start)
@@ -108,8 +108,9 @@ def one_application(args, count: int) -> dict:
             "model": args.model, "batch": batch, "generations": args.generations if args.mode == "mc3" else None,
             "sample_every": args.sample_every if args.mode == "mc3" else None,
             "patterns_per_device": int(alignment.site_patterns().weights.shape[0]),
-            "compile_s": times[0] - times[1], "median_s": times[1], "xla_bytes_per_device": None,
-            "peak_bytes_per_device": _peak(devices), "allreduce_s": 0.0, "repeats": 1}
+            "compile_s": times[0] - float(np.median(times[1:])), "median_s": float(np.median(times[1:])),
+            "timed_s": times[1:], "xla_bytes_per_device": None,
+            "peak_bytes_per_device": _peak(devices), "allreduce_s": 0.0, "repeats": args.repeats}
 
 
 def _peak(devices):
