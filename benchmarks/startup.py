@@ -9,7 +9,9 @@ times its imports, listens to JAX's monitoring events while the command runs, an
 - compilation: '/jax/core/compile/backend_compile_duration' (XLA, or a persistent-cache load inside it) less the
   cache loads: '/jax/compilation_cache/cache_retrieval_time_sec',
 - counts of each, and of persistent-cache hits and misses,
-- running: the wall time less all of the above and the imports (Python work, I/O, the computation itself).
+- running: the wall time less all of the above and the imports (Python work, I/O, the computation itself),
+- first sample (`mcmc`, `sample --topology free`): seconds from the process's start until its first sample
+  row is in the run's log file, read by the parent as the child writes.
 
 The parent runs each command twice: first with an empty cache folder (JAXPHYLO_CACHE_DIR, a fresh temporary
 folder; before the cache existed, i.e. with an older checkout, this is simply no cache), then again with the
@@ -116,8 +118,12 @@ def child(out: Path, argv: list[str]) -> None:
     out.write_text(json.dumps(record))
 
 
+FIRST_SAMPLE = {"mcmc": "mcmc/run1.log", "sample --topology free": "free/chain1.log"}  # files a run appends to
+
+
 def commands(data: Path, work: Path, quick: bool) -> dict[str, tuple[list[str], list[str] | None]]:
-    """name -> (jaxphylo arguments, the reference program's command or None)."""
+    """name -> (jaxphylo arguments, the reference program's command or None). `quickstart` is the README's
+    first command after its `pip install`."""
     alignment, tree = str(data / "alignment.fasta"), str(data / "tree.nwk")
     # --quick: shorter searches (IQ-TREE's -nstop alike), the same programs: the fixed costs are unchanged.
     patience = ["3"] if quick else ["100"]
@@ -142,7 +148,9 @@ def commands(data: Path, work: Path, quick: bool) -> dict[str, tuple[list[str], 
                     "--no-progress", "--out", str(work / "sample")], None),
         "mcmc": (["mcmc", alignment, "-m", "GTR+G4", "--runs", "2", "--chains", "2", "--generations", "2000",
                   "--sample-every", "100", "--out", str(work / "mcmc")], ["mb", str(mb)]),
-        "sample --topology free": (["sample", alignment, tree, "-m", "HKY+G4", "--clock", "strict", "--topology",
+        "quickstart": (["sample", "--example", "--chains", "2", "--warmup", "300", "--samples", "400", "--out",
+                        str(work / "quickstart")], None),
+        "sample --topology free": (["sample", alignment, "-m", "HKY+G4", "--clock", "strict", "--topology",
                                     "free", "--samples", "20", "--sample-every", "20", "--warmup", "0",
                                     "--no-progress", "--out", str(work / "free")], None),
     }
@@ -162,17 +170,37 @@ def mrbayes_script(data: Path, work: Path, generations: int) -> None:
         f" printfreq=1000 diagnfreq=1000 file={work / 'mb'};\nend;\n")
 
 
-def run_child(argv: list[str], env: dict, out: Path) -> dict:
+def run_child(argv: list[str], env: dict, out: Path, first: Path | None = None) -> dict:
+    """One command in a fresh interpreter; with `first` (a sample file the command appends to), also the
+    seconds until its first sample row is there (what a user waits before the run shows it has started)."""
     begin = time.time()
-    done = subprocess.run([sys.executable, __file__, "--child", str(out), "--", *argv], env=env,
-                          capture_output=True, text=True)
+    child = subprocess.Popen([sys.executable, __file__, "--child", str(out), "--", *argv], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first_sample = None
+    if first is not None:
+        while child.poll() is None and first_sample is None:
+            if _rows(first) >= 2:  # the header, then a sample
+                first_sample = time.time() - begin
+            time.sleep(0.02)
+    _, stderr = child.communicate()
+    done = subprocess.CompletedProcess(child.args, child.returncode, "", stderr)
     wall = time.time() - begin
+    if first is not None and first_sample is None and _rows(first) >= 2:
+        first_sample = wall  # written in the command's last moments
     if done.returncode != 0 or not out.exists():
         raise RuntimeError(f"jaxphylo {' '.join(argv)} failed:\n{done.stderr[-3000:]}")
     record = json.loads(out.read_text())
     record["wall_s"] = wall
     record["interpreter_s"] = wall - record["inside_s"]
+    record["first_sample_s"] = first_sample
     return record
+
+
+def _rows(path: Path) -> int:
+    try:
+        return path.read_text().count("\n")
+    except (FileNotFoundError, UnicodeDecodeError):
+        return 0
 
 
 def reference_time(command: list[str] | None, cwd: Path) -> float | None:
@@ -225,9 +253,10 @@ def main() -> None:
                 shutil.rmtree(tmp / "outputs", ignore_errors=True)
                 for stale in tmp.glob("ml*"):  # a second search with the same prefix would refuse without --redo
                     shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink()
-                for folder in ("sample", "mcmc", "free"):
+                for folder in ("sample", "mcmc", "free", "quickstart"):
                     shutil.rmtree(tmp / folder, ignore_errors=True)
-                row[state] = run_child(argv, env, tmp / f"record-{len(table)}-{state}.json")
+                first = tmp / FIRST_SAMPLE[name] if name in FIRST_SAMPLE else None
+                row[state] = run_child(argv, env, tmp / f"record-{len(table)}-{state}.json", first)
             row["reference"] = reference and reference[0]
             row["reference_s"] = reference_time(reference, tmp)
             table.append(row)
@@ -254,13 +283,14 @@ def print_row(row: dict) -> None:
     if not hasattr(print_row, "header"):
         print_row.header = True
         print(f"{'command':24s} {'cache':5s} " + " ".join(f"{c[:-2]:>9s}" for c in COLUMNS)
-              + f" {'compiles':>8s} {'hits':>5s} {'reference':>10s} {'ratio':>6s}")
+              + f" {'compiles':>8s} {'hits':>5s} {'reference':>10s} {'ratio':>6s} {'first sample':>12s}")
     for state in ("empty", "warm"):
         r = row[state]
         ref = row["reference_s"]
         print(f"{row['command']:24s} {state:5s} " + " ".join(f"{r[c]:9.2f}" for c in COLUMNS)
               + f" {r['counts']['compile']:8d} {r['counts']['cache_hits']:5d}"
-              + (f" {row['reference']:>4s} {ref:5.2f} {r['wall_s'] / ref:6.1f}" if ref else f" {'-':>10s} {'-':>6s}"),
+              + (f" {row['reference']:>4s} {ref:5.2f} {r['wall_s'] / ref:6.1f}" if ref else f" {'-':>10s} {'-':>6s}")
+              + (f" {r['first_sample_s']:12.2f}" if r.get("first_sample_s") is not None else f" {'-':>12s}"),
               flush=True)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo import cli
-from jaxphylo.runtime import StopRequests, load_checkpoint, parse_duration, save_checkpoint, write_npz
+from jaxphylo.runtime import StopRequests, block_size, load_checkpoint, parse_duration, save_checkpoint, write_npz
 
 
 def test_durations_in_every_spelling():
@@ -70,6 +70,18 @@ def test_npz_blocks_are_byte_identical_for_equal_arrays(tmp_path):
     assert (tmp_path / "one").read_bytes() == (tmp_path / "two").read_bytes()
     loaded = np.load(tmp_path / "one")
     np.testing.assert_array_equal(loaded["b"], arrays["b"])
+
+
+def test_blocks_start_with_one_sample_and_double():
+    """The first samples of a run reach its files after one sample's generations; blocks then double up to
+    the settings' block, and the last one ends at the total. A function of the samples done alone: a run
+    resumed after any block continues with the same blocks."""
+    sizes, done = [], 0
+    while done < 130:
+        sizes.append(block_size(done, 130, 50))
+        done += sizes[-1]
+    assert sizes == [1, 1, 2, 4, 8, 16, 32, 50, 16]
+    assert block_size(5, 6, 50) == 1 and block_size(6, 6, 50) == 0 and block_size(0, 3, 1) == 1
 
 
 def test_xla_out_of_memory_becomes_one_line(monkeypatch, capsys):

@@ -185,7 +185,7 @@ def test_heat_swaps_are_tried_between_every_pair_and_reported(five_taxa):
 def test_stopped_and_resumed_run_ends_with_the_same_files(five_taxa, tmp_path):
     settings = MC3Settings(runs=2, chains=2, generations=1200, sample_every=20, block=10)
     whole = mc3(five_taxa, "HKY+G4", settings=settings, seed=5, out=tmp_path / "whole")
-    with pytest.raises(Interrupted, match="after 200 generations"):
+    with pytest.raises(Interrupted, match="after 20 generations"):  # the first block is one sample (`block_size`)
         mc3(five_taxa, "HKY+G4", settings=settings, seed=5, out=tmp_path / "parts", stop=StopAfter(1))
     with pytest.raises(jp.InputError, match="holds a run"):
         mc3(five_taxa, "HKY+G4", settings=settings, seed=5, out=tmp_path / "parts")

@@ -83,6 +83,22 @@ def _from_divergence(f: Float[Array, "B N 4 4"], method: str, pi) -> tuple[Array
     return d, (det > 0) & (marginals > 0)
 
 
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _one_hot(lookup, codes, weights, dtype):
+    """`(everything [N, L, states], weighted)`: each sequence's state indicators, and the same with site `s`
+    counted `weights[s]` times (`weights` None: the same array). One program: eagerly, these and the rows
+    below were ~20 small programs, a tenth of a second of a warm start-up."""
+    everything = jnp.asarray(lookup, dtype)[codes]
+    return everything, everything if weights is None else everything * jnp.asarray(weights, dtype)[None, :, None]
+
+
+@functools.partial(jax.jit, static_argnames=("size",))
+def _rows(weighted, start, size: int):
+    """Rows `start, start + 1, ...` of `weighted`, `size` of them, the last repeated past the end (one program
+    for every block, the start traced)."""
+    return weighted[jnp.minimum(start + jnp.arange(size), weighted.shape[0] - 1)]
+
+
 @functools.partial(jax.jit, static_argnames=("method",))
 def _dna_block(rows, everything, pi, method):
     """Distances from sequences `rows` [B, L, 4] (each site already times its weight) to all [N, L, 4]."""
@@ -127,8 +143,7 @@ def distances(
                          f"site")
     # 0/1 codes times integer weights up to 256 are exact in bfloat16 products with float32 sums (to 2^24 sites).
     dtype = jnp.bfloat16 if jax.default_backend() == "gpu" else jnp.float32
-    everything = jnp.asarray(lookup, dtype)[jnp.asarray(codes)]
-    weighted = everything if site_weights is None else everything * jnp.asarray(weights, dtype)[None, :, None]
+    everything, weighted = _one_hot(lookup, codes, None if site_weights is None else weights, dtype)
     taxa = len(alignment.taxa)
     block_size = min(block_size, taxa)
     # Each state's count, site s counted w_s times, as a weighted histogram of the codes: the [taxa, sites,
@@ -143,8 +158,7 @@ def distances(
                          f"{'ACGT'[int(np.argmin(state_counts))]!r} never occurs")
     out = np.empty((taxa, taxa))
     for start in range(0, taxa, block_size):
-        index = jnp.minimum(jnp.arange(start, start + block_size), taxa - 1)  # pad the last block
-        rows = weighted[index]
+        rows = _rows(weighted, np.int32(start), block_size)
         if kind == "dna":
             d, defined, n = _dna_block(rows, everything, pi, method)
         else:

@@ -237,7 +237,7 @@ def resolve_model(model: str | Model | PartitionedModel, alignment: Alignment, e
 
 def parameter_names(coordinates: ModelCoordinates) -> list[str]:
     """Log column names of the free parameters: a vector's entries as `name.1`, `name.2`, ..., sorted by name."""
-    values = coordinates.named_values(coordinates.start())
+    values = jax.eval_shape(lambda: coordinates.named_values(coordinates.start()))  # shapes only: nothing compiled
     names = []
     for name, value in sorted(values.items()):  # sorted, as the vmapped values come back in `_collect`
         size = int(np.size(value))

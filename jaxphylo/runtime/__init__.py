@@ -31,7 +31,7 @@ from ._checkpoint import (
     stop_point as stop_point,
     write_npz as write_npz,
 )
-from ._driver import BlockRun as BlockRun, from_numpy as from_numpy, to_numpy as to_numpy
+from ._driver import BlockRun as BlockRun, block_size as block_size, from_numpy as from_numpy, to_numpy as to_numpy
 from ._distributed import join_processes as join_processes, mirror_outputs as mirror_outputs
 from ._mesh import (
     AXES as AXES,

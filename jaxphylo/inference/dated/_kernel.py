@@ -411,6 +411,7 @@ def with_partials(state: MCMCState, posterior: DatedPosterior) -> MCMCState:
     return eqx.tree_at(lambda s: s.cache, state, posterior.first_score(state.position)[2])
 
 
+@eqx.filter_jit  # one program: run eagerly, its operations were ~100 programs to trace and load
 def init(parents, heights, params: dict, posterior: DatedPosterior) -> MCMCState:
     """Chains started from time trees `parents [B, M]`, `heights [B, M]` and unconstrained `params` `[B, ...]`."""
     parents, heights = jnp.asarray(parents, jnp.int32), jnp.asarray(heights, posterior.dtype)

@@ -18,13 +18,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ...data import Alignment
 from ...io import TipDates, nexus_trees_header
-from ...runtime import NEVER, BlockRun, alignment_digest, from_numpy, to_host, to_numpy
+from ...runtime import NEVER, BlockRun, alignment_digest, block_size, from_numpy, to_host, to_numpy
 from ..._errors import InputError, ModelError
 from ...tree import Tree, phase_widths, random_topology_tree, start_heights, time_tree
 from ...likelihood import PRECISIONS, max_step_width, pattern_data
@@ -138,7 +139,7 @@ def dated_mcmc(
     began = time.perf_counter()
     while samples.count < total:
         run.stop_point(payload, f"after {int(state.generation)} generations")
-        count = min(settings.block, total - samples.count)
+        count = block_size(samples.count, total, settings.block)
         state, key, block = run_block(state, key, posterior, program, np.int32(count), tune)
         rows = _rows(to_host(block), count, int(state.generation), settings, posterior, reference)
         for generation, chain_rows in rows:
@@ -211,10 +212,17 @@ def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior
                                tree_prior, grid, None, priors, prior_only, fixed, growth_rate_scale,
                                settings.incremental)
     hyper = _hyper_start(clock, tree_prior, rate, root, intervals, len(parents))
-    params = {"model": coordinates.start(), **{k: v for k, v in hyper.items() if k not in dict(fixed)}}
-    params = jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x, dtype), (b,) + jnp.shape(x)), params)
-    state = init(np.tile(parents, (b, 1)), np.tile(heights, (b, 1)), params, posterior)
+    hyper = {k: v for k, v in hyper.items() if k not in dict(fixed)}
+    state = init(np.tile(parents, (b, 1)), np.tile(heights, (b, 1)), _start_params(coordinates, hyper, b, dtype), posterior)
     return posterior, state, column_names(clock, tree_prior, intervals, coordinates, reference is not None, bool(fixed))
+
+
+@eqx.filter_jit
+def _start_params(coordinates, hyper: dict, b: int, dtype):
+    """Every chain's unconstrained starting parameters `[b, ...]`: the model's and the clock's and tree prior's
+    (one program, not one per operation)."""
+    params = {"model": coordinates.start(), **hyper}
+    return jax.tree.map(lambda x: jnp.broadcast_to(jnp.asarray(x, dtype), (b,) + jnp.shape(x)), params)
 
 
 def given_start(alignment, tree: Tree, tips) -> tuple[np.ndarray, np.ndarray]:

@@ -324,6 +324,7 @@ def with_partials(state: tempered.TemperedState, posterior: Posterior) -> temper
     return eqx.tree_at(lambda s: s.chains.cache, state, posterior.first_score(state.chains.position)[2])
 
 
+@eqx.filter_jit  # one program: run eagerly, its few hundred operations were ~110 programs to trace and load
 def init(trees, params, posterior: Posterior, settings: MC3Settings) -> tempered.TemperedState:
     """Chains started from kernel trees `(parents [B, M], lengths [B, M] or [B, M, K])` and parameters `[B, ...]`,
     run-major, heat `k` on chain `k` of every run."""

@@ -16,12 +16,15 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ...data import Alignment
-from ...runtime import NEVER, BlockRun, alignment_digest, from_numpy, place_batch, replicate, to_host, to_numpy
+from ...runtime import (
+    NEVER, BlockRun, alignment_digest, block_size, from_numpy, place_batch, replicate, to_host, to_numpy,
+)
 from ..._errors import InputError
 from ...tree import kernel_batch, phase_widths, random_topology_tree
 from ...likelihood import PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template
@@ -123,9 +126,9 @@ def mc3(
     total = settings.generations // settings.sample_every
     program, tune = settings.program(), np.int32(settings.tune_generations)
     began = time.perf_counter()
-    while len(samples[0].generations) < total and not _converged(trace, settings):
+    while len(samples[0].generations) < total and not _converged(trace, settings, len(samples[0].generations)):
         run.stop_point(payload, f"after {int(state.chains.generation)} generations")
-        count = min(settings.block, total - len(samples[0].generations))
+        count = block_size(len(samples[0].generations), total, settings.block)
         state, key, block = next_block(state, key, posterior, program, np.int32(count), tune, mesh)
         block = to_host(block)  # under jax.distributed: every process reads all of it
         generation = int(state.chains.generation)
@@ -159,11 +162,17 @@ def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int
     widths = phase_widths(len(taxa), max_step_width(template, data, dtype, b, mesh))
     posterior = Posterior(data, coordinates, widths, dtype, len(taxa), priors, prior_only, settings.branch_rate,
                           settings.incremental)
-    params = jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
     lengths = search_lengths(starts.branch_lengths, template)
     trees = place_batch((starts.parents, lengths), mesh)
-    state = place_batch(init(trees, place_batch(params, mesh), posterior, settings), mesh)
+    state = place_batch(init(trees, place_batch(_start_params(coordinates, b), mesh), posterior, settings.program()),
+                        mesh)
     return posterior, state, _placed_key(jax.random.PRNGKey(seed), mesh)
+
+
+@eqx.filter_jit
+def _start_params(coordinates, b: int):
+    """Every chain's starting model parameters, `[b, ...]` (one program, not one per operation)."""
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (b,) + x.shape), coordinates.start())
 
 
 def _placed_key(key, mesh):
@@ -171,8 +180,11 @@ def _placed_key(key, mesh):
     return key if mesh is None else replicate(key, mesh)
 
 
-def _converged(trace, settings: MC3Settings) -> bool:
-    return settings.stop_asdsf is not None and bool(trace) and trace[-1][1] < settings.stop_asdsf
+def _converged(trace, settings: MC3Settings, done: int) -> bool:
+    """The stop rule, read once the runs have a block of samples (the first blocks are short, `block_size`:
+    two runs' first few trees can agree by chance)."""
+    return (settings.stop_asdsf is not None and bool(trace) and done >= settings.block
+            and trace[-1][1] < settings.stop_asdsf)
 
 
 def _part_length_names(model) -> list[str]:
@@ -190,7 +202,7 @@ def _collect(block, count, generation, settings, coordinates, taxa, samples, fil
     if part_lengths is not None:
         lengths = np.average(part_lengths, axis=-1, weights=coordinates.template.site_counts)
     log_l, log_prior = np.asarray(block.log_likelihood), np.asarray(block.log_prior)
-    named = jax.vmap(jax.vmap(coordinates.named_values))(block.params) if jax.tree.leaves(block.params) else {}
+    named = _named_values(coordinates, block.params) if jax.tree.leaves(block.params) else {}
     named = {k: np.asarray(v).reshape(v.shape[:2] + (-1,)) for k, v in named.items()}
     first = generation - (count - 1) * settings.sample_every  # generations are 1-based at the sample
     for i in range(count):
@@ -202,6 +214,12 @@ def _collect(block, count, generation, settings, coordinates, taxa, samples, fil
             values += [x for _, v in sorted(named.items()) for x in v[i, r]]
             run.add(g, parents[i, r], lengths[i, r], taxa, values)
             files.write_sample(r, g, parents[i, r], lengths[i, r], values)
+
+
+@eqx.filter_jit
+def _named_values(coordinates, params):
+    """The model parameters of a block's samples `[block, runs, ...]` by name, constrained: one program."""
+    return jax.vmap(jax.vmap(coordinates.named_values))(params)
 
 
 def _result(state, samples, names, settings, trace, taxa, seconds) -> MC3Result:
