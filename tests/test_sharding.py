@@ -151,7 +151,7 @@ def test_bootstrap_searches_mc3_and_nuts_on_meshes_equal_one_device(helpers):
 
 def test_a_batch_split_over_devices_stays_split(helpers):
     """MC³ (a run per device) and bootstrap replicates (two per device) on a mesh of 4 x 1: the programs that
-    start and run the chains (`full_partials`, `run_block`), fit the replicates' lengths (`lbfgs_lengths`,
+    start and run the chains (`init`, whose first partials are `full_partials`, and `run_block`), fit the replicates' lengths (`lbfgs_lengths`,
     `newton_lengths`) and score their NNIs (`_propose`) move no trees' data between devices: no all-gather,
     collective permute or all-to-all. Trees indexed by an index array over the batch made XLA gather every
     device's partials onto every device, so that each GPU computed the whole batch: bootstrap time grew with
@@ -160,7 +160,7 @@ def test_a_batch_split_over_devices_stays_split(helpers):
     waiting on an all-reduce of its condition each iteration (weak scaling 0.52 and 0.38 on four GPUs)."""
     result = helpers.finish("collectives", timeout=900)
     assert result["devices"] == 4 and not result["cpu_kernel"]
-    wanted = {"jit_full_partials", "jit_run_block", "jit_lbfgs_lengths", "jit_newton_lengths", "jit__propose"}
+    wanted = {"jit_init", "jit_run_block", "jit_lbfgs_lengths", "jit_newton_lengths", "jit__propose"}
     assert wanted <= set(result["compiled"])
     for program, counts in result["programs"].items():
         if program.split(".", 1)[1] in wanted:
