@@ -99,6 +99,7 @@ class _Helpers:
 
 MCMC = ["mcmc", "--model", "HKY", "--runs", "2", "--chains", "2", "--generations", "200", "--sample-every", "50",
         "--block", "2", "--seed", "1"]
+ML = ["ml", "-m", "HKY", "--fast", "-b", "4", "--seed", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +116,16 @@ def helpers(tmp_path_factory):
     launched.start("collectives", ["collectives", str(folder / "aln.fasta"), str(folder / "dump")], 4,
                    f"--xla_dump_to={folder / 'dump'}", JAXPHYLO_CPU_LIBRARY="none", JAXPHYLO_CACHE_DIR="off")
     if _cpu_collectives_reason() is None:
-        port, mcmc_port = _free_port(), _free_port()
+        port, mcmc_port, ml_port = _free_port(), _free_port(), _free_port()
+        cli = [sys.executable, "-m", "jaxphylo.cli"]
+        launched.start_command("ml_one", [*cli, *ML, str(folder / "aln.fasta"), "--out", str(folder / "ml_one")], 2,
+                               PYTHONPATH=str(Path(__file__).parents[1]))
         for i in range(2):
+            launched.start_command(f"ml{i}", [*cli, "--distributed", *ML, str(folder / "aln.fasta"), "--out",
+                                              str(folder / "ml_two")], 2,
+                                   JAXPHYLO_COORDINATOR=f"127.0.0.1:{ml_port}", JAXPHYLO_NUM_PROCESSES="2",
+                                   JAXPHYLO_PROCESS_ID=str(i), JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo",
+                                   PYTHONPATH=str(Path(__file__).parents[1]))
             launched.start(f"process{i}", ["distributed", str(port), str(i)], 2)
             launched.start_command(f"mcmc{i}", [sys.executable, "-m", "jaxphylo.cli", "--distributed", *MCMC,
                                                 str(folder / "aln.fasta"), "-o", str(folder / "distributed")], 2,
@@ -185,6 +194,20 @@ def test_two_process_mcmc_writes_once_and_equals_one_device(helpers):
     reference = np.genfromtxt(helpers.folder / "reference" / "run1.log", names=True, delimiter="\t")
     for name in reference.dtype.names:
         np.testing.assert_allclose(ours[name], reference[name], rtol=1e-9)
+
+
+def test_two_process_ml_bootstrap_equals_one_process(helpers):
+    """`jaxphylo --distributed ml -b 4` in two processes (2 CPU devices each): each process searches on its own
+    two devices, process 0's tree and model go to both, and the replicates climb in shares over all four
+    devices, each process its own, the trees exchanged once. The tree file (the ML tree with its bootstrap
+    supports) equals that of one process with two devices; process 1 prints nothing."""
+    if reason := _cpu_collectives_reason():
+        pytest.skip(reason)
+    (first, _, err0), (second, out1, err1) = (helpers.finish_command(f"ml{i}") for i in range(2))
+    one, _, err = helpers.finish_command("ml_one")
+    assert first == 0 and second == 0 and one == 0, (err0[-2000:], err1[-2000:], err[-2000:])
+    assert [line for line in (out1 + err1).splitlines() if not line.startswith("[Gloo]")] == []
+    assert (helpers.folder / "ml_two.treefile").read_text() == (helpers.folder / "ml_one.treefile").read_text()
 
 
 def test_sharded_equals_unsharded_on_1x4_2x2_4x1_meshes(helpers):

@@ -62,11 +62,12 @@ def run(args) -> None:
     import time
     from pathlib import Path
 
+    import jax
     import numpy as np
 
     import jaxphylo as jp
     from jaxphylo import ml
-    from jaxphylo.runtime import peak_memory_text
+    from jaxphylo.runtime import is_local, peak_memory_text, run_mesh
 
     prefix = args.out or args.alignment
     alignment = jp.read_alignment(args.alignment, data_type=args.data_type, genetic_code=args.genetic_code)
@@ -115,8 +116,13 @@ def run(args) -> None:
             return
     began = time.perf_counter()
     mesh = mesh_choice(args, 2 * max(settings.batch, settings.top), alignment.site_patterns().num_patterns)
+    search_mesh = mesh
     if mesh is not None:
         log(f"# devices: mesh batch={mesh.shape['batch']} x patterns={mesh.shape['patterns']}")
+        if not is_local(mesh):  # a process per GPU: each runs the search on its own devices (the
+            # same search, one seed); the bootstrap's replicates go over every process's devices, apart
+            search_mesh = run_mesh(jax.local_devices(), trees=2 * max(settings.batch, settings.top),
+                                              num_patterns=alignment.site_patterns().num_patterns)
     if fixed is not None:  # IQ-TREE's -te: model and branch lengths on this topology, no search
         result = ml.fit(alignment, fixed, model, precision=args.precision)
         log(f"# fitted on the topology of {args.te}: {result.iterations} iterations")
@@ -126,7 +132,7 @@ def run(args) -> None:
             log(f"round {r}\tbest log L {best:.4f}\tcandidates {candidates}\ttrees {trees}", aside)
 
         result = ml.search(alignment, model, start, seed=args.seed, settings=settings, precision=args.precision,
-                           checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop, mesh=mesh,
+                           checkpoint=f"{prefix}.ckpt", resume=args.resume, stop=args.stop, mesh=search_mesh,
                            progress=progress, ufboot=ufboot)
     labelled, supports = [], {}
     if args.alrt:

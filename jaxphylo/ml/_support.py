@@ -21,14 +21,15 @@ that contain the split.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ..data import Alignment, distances
-from ..runtime import NEVER, BlockRun, alignment_digest, on_devices, place_batch
+from ..runtime import NEVER, BlockRun, alignment_digest, is_local, on_devices, place_batch
 from ..tree import Topology, Tree, TreeBatch, bionj, fixed_branches, kernel_batch, kernel_splits, phase_widths, splits
 from ..likelihood import (
     PRECISIONS, kernel_tree_lengths, max_step_width, place_data, search_data, search_lengths, search_template,
@@ -160,6 +161,8 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     """
 
     settings = settings or SearchSettings()
+    if mesh is not None and not is_local(mesh):
+        result = _from_process_zero(result)
     batch = kernel_batch([result.tree])
     resampling = Resampling(alignment, result.model, search_data(alignment, batch, result.model))
     columns = resampling.draw(replicates, seed)
@@ -200,10 +203,27 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     return supports, trees
 
 
+def _from_process_zero(result: MLResult) -> MLResult:
+    """Process 0's tree and model in every process (`jax.distributed`): each process ran the search on its own
+    devices, and GPU reductions need not round alike in every run, so the replicates, climbed apart in each
+    process, all start from the tree and model that process 0 writes."""
+    from jax.experimental import multihost_utils
+
+    arrays, static = eqx.partition(result.model, eqx.is_array)
+    parent, lengths, arrays = multihost_utils.broadcast_one_to_all(
+        (np.asarray(result.tree.topology.parent), np.asarray(result.tree.branch_lengths), arrays))
+    topology = result.tree.topology
+    tree = Tree(np.asarray(lengths), Topology(tuple(int(p) for p in parent), topology.taxa, rooted=topology.rooted))
+    return replace(result, tree=tree, model=eqx.combine(jax.tree.map(jnp.asarray, arrays), static))
+
+
 def _share_devices(mesh, replicates: int):
     """The devices that climb a batch's replicates in shares, one share each (`_climb_in_shares`): those of a
-    mesh whose patterns are not split, this process's or, under `jax.distributed`, every process's; None
-    otherwise (the batch is one climb)."""
+    mesh of this process's devices whose patterns are not split; under `jax.distributed`, every device of
+    every process (a share keeps its patterns whole: one program over devices of several processes would
+    hand each process arrays it cannot read); None otherwise (the batch is one climb)."""
+    if mesh is not None and not is_local(mesh):
+        return list(mesh.devices.ravel())
     if mesh is None or mesh.shape["patterns"] > 1 or mesh.shape["batch"] < 2 or replicates < 2:
         return None
     return list(mesh.devices[:, 0])
