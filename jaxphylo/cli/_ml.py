@@ -115,14 +115,14 @@ def run(args) -> None:
             log_file.close()
             return
     began = time.perf_counter()
-    mesh = mesh_choice(args, 2 * max(settings.batch, settings.top), alignment.site_patterns().num_patterns)
+    trees, num_patterns = 2 * max(settings.batch, settings.top), alignment.site_patterns().num_patterns
+    mesh = mesh_choice(args, trees, num_patterns)
     search_mesh = mesh
     if mesh is not None:
         log(f"# devices: mesh batch={mesh.shape['batch']} x patterns={mesh.shape['patterns']}")
         if not is_local(mesh):  # a process per GPU: each runs the search on its own devices (the
             # same search, one seed); the bootstrap's replicates go over every process's devices, apart
-            search_mesh = run_mesh(jax.local_devices(), trees=2 * max(settings.batch, settings.top),
-                                              num_patterns=alignment.site_patterns().num_patterns)
+            search_mesh = run_mesh(jax.local_devices(), trees=trees, num_patterns=num_patterns)
     if fixed is not None:  # IQ-TREE's -te: model and branch lengths on this topology, no search
         result = ml.fit(alignment, fixed, model, precision=args.precision)
         log(f"# fitted on the topology of {args.te}: {result.iterations} iterations")

@@ -72,25 +72,44 @@ def sized(alignment, settings: VISettings, args) -> tuple[VISettings, dict]:
                             "anneal": sized_settings.anneal, "probe_seconds": time.perf_counter() - start}
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_training_options(parser, *, steps: int, particles: int, anneal: int, lr: float, topology_rate: float,
+                         population: int | None) -> None:
+    """The data set and training options this script and `short_run.py` share, with each script's defaults."""
     parser.add_argument("--data", default="DS1", help="a folder under /work/shared/data (or a path) with "
                                                       "alignment.fasta")
-    parser.add_argument("--steps", type=int, default=200_000)
-    parser.add_argument("--particles", type=int, default=10)
-    parser.add_argument("--anneal", type=int, default=50_000, help="steps of likelihood annealing (ARTree's schedule)")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--topology-rate", type=float, default=0.1)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--particles", type=int, default=particles)
+    parser.add_argument("--anneal", type=int, default=anneal, help="steps of likelihood annealing (ARTree's schedule)")
+    parser.add_argument("--lr", type=float, default=lr)
+    parser.add_argument("--topology-rate", type=float, default=topology_rate)
     parser.add_argument("--proximity", type=float, default=VISettings.proximity)
-    parser.add_argument("--population", type=int, default=VISettings.population)
+    parser.add_argument("--population", type=int, default=population)
     parser.add_argument("--explore", type=float, default=VISettings.explore)
     parser.add_argument("--selections", type=int, default=VISettings.selections)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def worst_split(result, folder: Path):
+    """`(largest difference, {taxa, q, golden})` of q's split frequencies from the data set's golden posterior
+    (`topology_posterior_pooled.tsv`), or None where it has none."""
+    golden = folder / "topology_posterior_pooled.tsv"
+    if not golden.exists():
+        return None
+    reference, ours = golden_split_probabilities(golden), result.split_frequencies()
+    differences = {s: abs(ours.get(s, 0.0) - reference.get(s, 0.0)) for s in set(ours) | set(reference)}
+    worst = max(differences, key=differences.get)
+    return differences[worst], {"taxa": sorted(worst), "q": ours.get(worst, 0.0), "golden": reference.get(worst, 0.0)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_training_options(parser, steps=200_000, particles=10, anneal=50_000, lr=1e-3, topology_rate=0.1,
+                         population=VISettings.population)
     parser.add_argument("--width", type=int, default=32)
     parser.add_argument("--block", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--importance", type=int, default=1000)
     parser.add_argument("--eval-batch", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--minutes", type=float, help="size --steps (and --anneal) to this wall-time budget")
     parser.add_argument("--anneal-fraction", type=float, default=0.25, help="with --minutes: annealed share of steps")
     parser.add_argument("--max-time", help="stop the training saved after this long (e.g. 50m); --resume continues")
@@ -150,14 +169,8 @@ def main(argv=None) -> int:
     if name in PUBLISHED:
         report["log_ml_minus_mrbayes_ss"] = summary["log_ml_mean"] - PUBLISHED[name]["mrbayes_ss_log_ml"][0]
         report["elbo_minus_artree_elbo"] = summary["elbo_mean"] - PUBLISHED[name]["artree_elbo"][0]
-    golden = folder / "topology_posterior_pooled.tsv"
-    if golden.exists():
-        reference = golden_split_probabilities(golden)
-        ours = result.split_frequencies()
-        differences = {s: abs(ours.get(s, 0.0) - reference.get(s, 0.0)) for s in set(ours) | set(reference)}
-        worst = max(differences, key=differences.get)
-        report["max_split_difference_vs_golden"] = differences[worst]
-        report["worst_split"] = {"taxa": sorted(worst), "q": ours.get(worst, 0.0), "golden": reference.get(worst, 0.0)}
+    if (worst := worst_split(result, folder)) is not None:
+        report["max_split_difference_vs_golden"], report["worst_split"] = worst
     report["done_means"] = {
         "log_ml_within_0.2_of_mrbayes": abs(report.get("log_ml_minus_mrbayes_ss", float("inf"))) <= 0.2,
         "elbo_at_least_artree": report.get("elbo_minus_artree_elbo", float("-inf")) >= 0,

@@ -21,26 +21,15 @@ sys.path.insert(0, str(ROOT))
 
 import jaxphylo as jp  # noqa: E402
 from jaxphylo.inference.vi import VISettings, vi  # noqa: E402
-from validation.mc3.golden import golden_split_probabilities  # noqa: E402
-
-DATA = Path("/work/shared/data")
+from validation.vi.benchmark_ds import DATA, add_training_options, worst_split  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="DS1")
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--particles", type=int, default=VISettings.particles)
-    parser.add_argument("--anneal", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=VISettings.learning_rate)
-    parser.add_argument("--topology-rate", type=float, default=VISettings.topology_rate)
-    parser.add_argument("--proximity", type=float, default=VISettings.proximity)
-    parser.add_argument("--explore", type=float, default=VISettings.explore)
-    parser.add_argument("--population", type=int, default=1)
-    parser.add_argument("--selections", type=int, default=VISettings.selections)
-    parser.add_argument("--seed", type=int, default=0)
+    add_training_options(parser, steps=3000, particles=VISettings.particles, anneal=0, lr=VISettings.learning_rate,
+                         topology_rate=VISettings.topology_rate, population=1)
     args = parser.parse_args(argv)
-    folder = DATA / args.data
+    folder = Path(args.data) if Path(args.data).is_dir() else DATA / args.data
     alignment = jp.read_alignment(folder / "alignment.fasta")
     settings = VISettings(steps=args.steps, particles=args.particles, anneal=args.anneal, learning_rate=args.lr,
                           topology_rate=args.topology_rate, proximity=args.proximity, explore=args.explore,
@@ -54,13 +43,9 @@ def main(argv=None) -> int:
     result = vi(alignment, "JC", settings, seed=args.seed, progress=progress)
     summary = result.summary()
     print(f"log ML {summary['log_ml_mean']:.2f}  ELBO {summary['elbo_mean']:.2f}")
-    golden = folder / "topology_posterior_pooled.tsv"
-    if golden.exists():
-        reference, ours = golden_split_probabilities(golden), result.split_frequencies()
-        differences = {s: abs(ours.get(s, 0.0) - reference.get(s, 0.0)) for s in set(ours) | set(reference)}
-        worst = max(differences, key=differences.get)
-        print(f"max split difference {differences[worst]:.3f} (q {ours.get(worst, 0.0):.3f}, "
-              f"golden {reference.get(worst, 0.0):.3f})")
+    if (worst := worst_split(result, folder)) is not None:
+        difference, split = worst
+        print(f"max split difference {difference:.3f} (q {split['q']:.3f}, golden {split['golden']:.3f})")
     return 0
 
 
