@@ -81,6 +81,19 @@ def test_fit_keeps_values_in_braces_fixed_and_lengths_in_bounds():
         ml.fit(alignment, truth, "HKY", optimizer="newton")
 
 
+def test_a_fit_from_a_rate_on_the_boundary_leaves_it():
+    """A model whose GTR rate an earlier fit drove to 1e-15 (the search's refits start from the last model):
+    the fit reaches the fresh fit's optimum instead of staying there (rsv2's search ended 1.7 log L low)."""
+    truth = jp.random_topology_tree([f"t{i}" for i in range(10)], seed=3, mean_branch_length=0.1)
+    alignment = jp.simulate(truth, jp.parse_model("GTR{1,3,1,0.5,4,1}+F{0.3,0.2,0.2,0.3}"), 600, seed=5)
+    free = frozenset({"exchangeabilities", "frequencies"})
+    fits = [ml.fit(alignment, truth, jp.parse_model(f"GTR{{1,3,1,{rate},4,1}}+F{{0.3,0.2,0.2,0.3}}"), estimate=free)
+            for rate in ("0.5", "1e-15")]
+    assert fits[1].log_likelihood == pytest.approx(fits[0].log_likelihood, abs=1e-2)  # the fits' tolerance
+    c_to_g = [float(f.model.substitution.rates[3] / f.model.substitution.rates[5]) for f in fits]  # G<->T = 1
+    assert c_to_g[1] == pytest.approx(c_to_g[0], rel=0.02)
+
+
 def nine_taxa_two_trees():
     """A 9-taxon JC alignment, an HKY+G4 model, two random kernel trees, their pattern data and weights."""
     alignment = jp.simulate(jp.random_topology_tree([f"t{i}" for i in range(9)], seed=4), jp.parse_model("JC"),

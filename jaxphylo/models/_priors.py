@@ -127,7 +127,17 @@ def _sample_exchangeabilities(sub, priors):
 
 
 def initial_values(model: Model | PartitionedModel, estimated) -> dict:
-    """The parsed model's values of the estimated sites: a start for the sampler."""
+    """The parsed model's values of the estimated sites: a start for the sampler and for every fit.
+
+    Values on a boundary start just inside it: simplex entries (frequencies,
+    GTR and class rates, free-rate weights and rates) at no less than
+    `BOUNDARY_FLOOR`, omega at no less than it, the invariant proportion
+    within it of 0 and 1. A boundary has no finite coordinate, and near one
+    the gradient in the coordinate vanishes (`d/dx = r d/dr` for `r = e^x`):
+    a fit that starts from a model whose C<->G rate an earlier fit drove to
+    1e-15 cannot leave it (rsv2's search ended 1.7 log L low that way, the
+    rate at 1e-15 where a fresh fit on the same tree finds 0.078). A rate
+    whose optimum is zero goes back there."""
     values = {}
     if isinstance(model, PartitionedModel):
         for name, m, free in zip(model.names, model.models, estimated.parts):
@@ -138,26 +148,36 @@ def initial_values(model: Model | PartitionedModel, estimated) -> dict:
     sub, rates = model.substitution, model.rate_variation
     base = rates.base if isinstance(rates, InvariantSites) else rates
     if "frequencies" in estimated:
-        values["frequencies"] = jnp.clip(sub.frequencies, 1e-3) / jnp.sum(jnp.clip(sub.frequencies, 1e-3))
+        values["frequencies"] = _inside(sub.frequencies)
     if "exchangeabilities" in estimated:
         if isinstance(sub, GTR):
-            values["gtr_rates"] = sub.rates / jnp.sum(sub.rates)
+            values["gtr_rates"] = _inside(sub.rates)
         elif isinstance(sub, ConstrainedGTR):
-            values["class_rates"] = sub.class_rates / jnp.sum(sub.class_rates)
+            values["class_rates"] = _inside(sub.class_rates)
         elif isinstance(sub, TN93):
             values.update(kappa_purine=sub.kappa_purine, kappa_pyrimidine=sub.kappa_pyrimidine)
         elif isinstance(sub, (HKY85, GY94)):
             values["kappa"] = sub.kappa
         if isinstance(sub, GY94):
-            values["omega"] = jnp.maximum(sub.omega, 1e-3)
+            values["omega"] = jnp.maximum(sub.omega, BOUNDARY_FLOOR)
     if "proportion_invariant" in estimated and isinstance(rates, InvariantSites):
-        values["proportion_invariant"] = rates.proportion_invariant
+        values["proportion_invariant"] = jnp.clip(rates.proportion_invariant, BOUNDARY_FLOOR, 1 - BOUNDARY_FLOOR)
     if "gamma_shape" in estimated and isinstance(base, DiscreteGamma):
         values["gamma_shape"] = base.shape
     if "free_rates" in estimated and isinstance(base, FreeRates):
-        values["free_rate_weights"] = base.weights / jnp.sum(base.weights)
-        values["free_rates"] = base.rates / jnp.sum(base.rates)
+        values["free_rate_weights"] = _inside(base.weights)
+        values["free_rates"] = _inside(base.rates)
     return values
+
+
+BOUNDARY_FLOOR = 1e-3
+
+
+def _inside(x):
+    """`x` normalised to a simplex, every entry at least `BOUNDARY_FLOOR` of the total before normalising."""
+    x = x / jnp.sum(x)
+    x = jnp.maximum(x, BOUNDARY_FLOOR)
+    return x / jnp.sum(x)
 
 
 def describe_priors(priors: dict | None) -> dict:

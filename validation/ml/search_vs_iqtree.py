@@ -2,6 +2,12 @@
 
     python validation/ml/search_vs_iqtree.py --sets DS1,DS2,DS3,carnivores,primates_mtDNA,rsv2
     python validation/ml/search_vs_iqtree.py --sets DS1 --fast
+    python validation/ml/search_vs_iqtree.py --sets dengue352_hmc_clock,sim200
+
+`sim200` is simulated here (`simulated_set`: 200 taxa, 2,000 sites, GTR+G4,
+fixed seeds) into `validation/ml/simulated/` (git-ignored; the same bytes on
+every machine); its rows also give the true tree's log L after fitting and
+our RF distance to the true tree.
 
 For each set (GTR+G4, one fixed seed for every set, no per-set tuning):
 
@@ -42,6 +48,8 @@ import jaxphylo as jp
 from jaxphylo import ml
 
 HERE = Path(__file__).resolve().parent
+SIMULATED = HERE / "simulated"
+TRUE_MODEL = "GTR{1.2,3.5,0.8,1.1,4.2,1}+F{0.3,0.2,0.22,0.28}+G4{0.6}"
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 OUT = HERE / "search_vs_iqtree.json"
 MODEL = "GTR+G4"
@@ -81,9 +89,37 @@ def iqtree_model(model_string: str) -> str:
     return model_string.replace("HKY85", "HKY")
 
 
+def simulated_set(name: str) -> Path:
+    """`sim<N>`: N taxa on a random tree (mean branch length 0.03), 2,000 sites under `TRUE_MODEL`, written once
+    to `SIMULATED/name` with its true tree."""
+    folder = SIMULATED / name
+    if not (folder / "alignment.fasta").exists():
+        taxa = [f"s{k:04d}" for k in range(int(name[3:]))]
+        truth = jp.random_topology_tree(taxa, seed=200, mean_branch_length=0.03)
+        alignment = jp.simulate(truth, jp.parse_model(TRUE_MODEL), 2000, seed=201)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "alignment.fasta").write_text("".join(f">{t}\n{q}\n" for t, q in zip(alignment.taxa,
+                                                                                         alignment.sequences)))
+        jp.write_tree(truth, folder / "true.nwk")
+    return folder / "alignment.fasta"
+
+
+def alignment_path(name: str) -> Path:
+    return simulated_set(name) if name.startswith("sim") else DATA / name / "alignment.fasta"
+
+
+def against_truth(name: str, tree: jp.Tree, alignment) -> dict:
+    """For a simulated set: the true tree's log L with lengths and model fitted, and our RF distance to it."""
+    if not name.startswith("sim"):
+        return {}
+    truth = jp.read_tree(SIMULATED / name / "true.nwk")
+    fitted = ml.fit(alignment, truth, MODEL)
+    return {"true_tree_fitted_log_likelihood": fitted.log_likelihood, "rf_ours_to_true": ml.robinson_foulds(tree, truth)}
+
+
 def our_search(name: str, fast: bool) -> dict:
     """Our search alone (`--ours-only`: on a machine without IQ-TREE, e.g. the GPU), with its tree and model."""
-    alignment = jp.read_alignment(DATA / name / "alignment.fasta")
+    alignment = jp.read_alignment(alignment_path(name))
     settings = ml.SearchSettings.fast() if fast else ml.SearchSettings()
     load, began = os.getloadavg()[0], time.perf_counter()
     result = ml.search(alignment, MODEL, seed=SEED, settings=settings)
@@ -98,7 +134,7 @@ def our_search(name: str, fast: bool) -> dict:
 
 def references_for(name: str, ours: dict, workdir: Path) -> dict:
     """IQ-TREE's search on this machine and its -blfix check of a tree and model our search wrote elsewhere."""
-    path = DATA / name / "alignment.fasta"
+    path = alignment_path(name)
     alignment = jp.read_alignment(path)
     tree = jp.parse_newick(ours["tree"])
     check = iqtree(["-s", str(path), "-te", str(write_newick(tree, workdir / f"{name}_ours.nwk")), "-m",
@@ -107,7 +143,8 @@ def references_for(name: str, ours: dict, workdir: Path) -> dict:
     theirs = with_alignment_names(jp.parse_newick(reference["tree"]), alignment)
     row = {"ours": {**ours, "iqtree_blfix_log_likelihood": check["log_likelihood"]}, "iqtree": reference,
            "rf_ours_to_reference": ml.robinson_foulds(tree, theirs),
-           "log_likelihood_difference": ours["log_likelihood"] - reference["log_likelihood"]}
+           "log_likelihood_difference": ours["log_likelihood"] - reference["log_likelihood"],
+           **against_truth(name, tree, alignment)}
     print(f"{name:15s} ours ({ours['device']}) {ours['log_likelihood']:.4f} ({ours['seconds']:.1f} s; -blfix "
           f"{check['log_likelihood']:.4f}) | IQ-TREE -nt 1 {reference['log_likelihood']:.4f} ({reference['seconds']:.1f}"
           f" s) | diff {row['log_likelihood_difference']:+.4f} | RF {row['rf_ours_to_reference']}", flush=True)
@@ -115,7 +152,7 @@ def references_for(name: str, ours: dict, workdir: Path) -> dict:
 
 
 def run_set(name: str, workdir: Path, fast: bool) -> dict:
-    path = DATA / name / "alignment.fasta"
+    path = alignment_path(name)
     alignment = jp.read_alignment(path)
     patterns = alignment.site_patterns().num_patterns
     print(f"# {name}: {len(alignment.taxa)} taxa, {alignment.num_sites} sites, {patterns} patterns", flush=True)
@@ -166,6 +203,7 @@ def run_set(name: str, workdir: Path, fast: bool) -> dict:
     theirs = with_alignment_names(jp.parse_newick(reference["tree"]), alignment)
     row["rf_ours_to_reference" + ("_fast" if fast else "")] = ml.robinson_foulds(result.tree, theirs)
     row["log_likelihood_difference" + ("_fast" if fast else "")] = result.log_likelihood - other
+    row.update(against_truth(name, result.tree, alignment))
     print(f"{name:15s} {'fast' if fast else 'default':8s} ours {result.log_likelihood:.4f} ({seconds:.1f} s; "
           f"IQ-TREE -blfix on it {check['log_likelihood']:.4f}) | {'FastTree' if fast else 'IQ-TREE -nt 1'} "
           f"{other:.4f} ({reference['seconds']:.1f} s) | diff {result.log_likelihood - other:+.4f} | "
