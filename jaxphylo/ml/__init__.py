@@ -1,13 +1,13 @@
 """Maximum-likelihood inference: fitting on a fixed tree, topology search, branch support."""
 
-from ._fit import MLResult, fit
+from ._fit import MLResult, fit, searched_result
 from .selection import ModelFit, ModelSelection, best_scheme_nexus, select_model, select_part_models
 from ._climb import SearchSettings, unsuccessful_trees
 from ._lengths import Problem, optimise_lengths
 from ._newton import node_branch_derivatives
 from ._nni import apply_nnis, nni_scores
 from ._spr import regraft_edges, regrafted_tree, spr_scores
-from ._search import check_inputs, search, search_checkpoint, searched_result
+from ._search import check_inputs, search, search_checkpoint
 from ._support import bootstrap, sh_alrt
 from ._ufboot import MIN_REPLICATES as UFBOOT_MIN_REPLICATES, UFBoot, UFBootSettings
 from ..tree import robinson_foulds, splits, with_supports  # the splits of a tree live with trees; kept here for ml users

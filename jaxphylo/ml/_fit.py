@@ -22,8 +22,11 @@ import numpy as np
 
 from ..data import Alignment
 from .._errors import ModelError
-from ..tree import Tree
-from ..likelihood import PRECISIONS, check_inputs, check_lengths, data_log_likelihood, partitioned_data, pattern_data
+from ..tree import Tree, TreeBatch, fixed_branches, phase_widths
+from ..likelihood import (
+    PRECISIONS, check_inputs, check_lengths, data_log_likelihood, kernel_tree_lengths, max_step_width, partitioned_data,
+    pattern_data, search_data, search_template,
+)
 from ..models import (
     Model,
     ModelCoordinates,
@@ -34,6 +37,8 @@ from ..models import (
     model_string,
     resolve_model,
 )
+from ._lengths import Problem
+from ._newton import newton_lengths
 from ._optimise import OPTIMIZERS, minimise
 
 
@@ -66,6 +71,17 @@ def _objective(params, coordinates: ModelCoordinates, tree: Tree, data, precisio
     if lengths.ndim == 2:  # a partitioned model's unlinked lengths [K, nodes]
         return -data_log_likelihood(data, tree, model.with_branch_lengths(lengths), precision=precision)
     return -data_log_likelihood(data, tree.with_branch_lengths(lengths), model, precision=precision)
+
+
+def searched_result(parents, lengths, taxa, model) -> tuple[Tree, object]:
+    """A kernel tree back as a `Tree` and its model: unlinked lengths go into the model (`[K, nodes]`, the
+    tree's node order) and the tree takes their site-weighted mean, as `ml.fit` reports them."""
+    tree_of = lambda x: TreeBatch(parents[None], x[None], taxa).to_trees(rooted=False)[0]  # noqa: E731
+    if lengths.ndim == 1:
+        return tree_of(lengths), model
+    own = jnp.stack([tree_of(lengths[:, k]).branch_lengths for k in range(lengths.shape[1])])
+    return tree_of(lengths[:, 0]).with_branch_lengths(np.average(own, axis=0, weights=model.site_counts)), \
+        model.with_branch_lengths(own)
 
 
 def reported_parameters(values: dict, model) -> dict:
@@ -137,8 +153,26 @@ def fit(
     if lengths.ndim == 2:  # unlinked: every part's lengths in the model, their site-weighted mean on the tree
         fitted = fitted.with_branch_lengths(lengths)
         lengths = np.average(lengths, axis=0, weights=fitted.site_counts)
+    polished, fitted, log_l = _polished(alignment, tree.with_branch_lengths(lengths), fitted, PRECISIONS[precision],
+                                        tolerance)
     return MLResult(
-        tree=tree.with_branch_lengths(lengths), model=fitted, log_likelihood=-float(value),
+        tree=polished, model=fitted, log_likelihood=max(log_l, -float(value)),
         iterations=int(iterations), seconds=time.perf_counter() - start,
         parameters=parameters,
     )
+
+
+def _polished(alignment: Alignment, tree: Tree, model, dtype, tolerance: float):
+    """`(tree, model, log L)` with the lengths polished by Newton sweeps in the lengths themselves, on the tree
+    in kernel form (`searched_result`'s: unrooted, rooted on the first taxon). The optimiser works in logit
+    coordinates, where a short branch moves slowly and the fit stops short of its optimum (see
+    `_lengths.optimise_model_and_lengths`, which does the same for the search's fits)."""
+    batch, lengths = kernel_tree_lengths(tree, model)
+    template = search_template(model)
+    data = search_data(alignment, batch, template)
+    problem = Problem(template, data, data.weights[None], phase_widths(batch.num_tips, max_step_width(
+        template, data, dtype)), dtype)
+    lengths, log_l, _ = newton_lengths(batch.parents, lengths, fixed_branches(batch.parents), problem,
+                                       jnp.asarray(tolerance, lengths.dtype))
+    tree, model = searched_result(batch.parents[0], lengths[0], batch.taxa, model)
+    return tree, model, float(log_l[0])

@@ -74,7 +74,7 @@ def optimise_model_and_lengths(parents, lengths, fixed, coordinates: ModelCoordi
     branch so), and if that gained more than `tolerance`, the model is fitted
     once more from there, and the lengths polished again.
     """
-    estimated, iterations, value = coordinates.estimated, 0, None
+    estimated, iterations = coordinates.estimated, 0
     for starts in (coordinates.starts(), None):
         if starts is None:  # the second round: from the fitted model only
             coordinates = ModelCoordinates(model, estimated)

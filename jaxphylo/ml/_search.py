@@ -61,7 +61,7 @@ from ..models import (
     Model, ModelCoordinates, PartitionedModel, model_record,
     resolve_model,
 )
-from ._fit import MLResult, reported_parameters
+from ._fit import MLResult, reported_parameters, searched_result
 from ._lengths import (
     LENGTHS_BUFFERS, LENGTHS_BYTES, Problem, optimise_lengths, optimise_model_and_lengths, tree_log_likelihoods,
 )
@@ -124,17 +124,6 @@ def _check_start(alignment: Alignment, tree: Tree) -> None:
         raise InputError(f"start tree: taxon {only[0]!r} is not in {alignment.source}")
     if only := sorted(set(alignment.taxa) - set(tree.taxa)):
         raise InputError(f"start tree: taxon {only[0]!r} of {alignment.source} is missing")
-
-
-def searched_result(parents, lengths, taxa, model) -> tuple[Tree, object]:
-    """A kernel tree back as a `Tree` and its model: unlinked lengths go into the model (`[K, nodes]`, the
-    tree's node order) and the tree takes their site-weighted mean, as `ml.fit` reports them."""
-    tree_of = lambda x: TreeBatch(parents[None], x[None], taxa).to_trees(rooted=False)[0]  # noqa: E731
-    if lengths.ndim == 1:
-        return tree_of(lengths), model
-    own = jnp.stack([tree_of(lengths[:, k]).branch_lengths for k in range(lengths.shape[1])])
-    return tree_of(lengths[:, 0]).with_branch_lengths(np.average(own, axis=0, weights=model.site_counts)), \
-        model.with_branch_lengths(own)
 
 
 def search(

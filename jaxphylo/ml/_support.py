@@ -35,10 +35,9 @@ from ..likelihood import (
     PRECISIONS, kernel_tree_lengths, max_step_width, place_data, search_data, search_lengths, search_template,
 )
 from ..models import PartitionedModel, part_alignments
-from ._fit import MLResult
+from ._fit import MLResult, searched_result
 from ._climb import Climb, SearchSettings
 from ._lengths import Problem, optimise_lengths
-from ._search import searched_result
 from ._nni import nni_scores
 from ._ufboot import rell_counts
 

@@ -114,7 +114,8 @@ def against_truth(name: str, tree: jp.Tree, alignment) -> dict:
         return {}
     truth = jp.read_tree(SIMULATED / name / "true.nwk")
     fitted = ml.fit(alignment, truth, MODEL)
-    return {"true_tree_fitted_log_likelihood": fitted.log_likelihood, "rf_ours_to_true": ml.robinson_foulds(tree, truth)}
+    return {"true_tree_fitted_log_likelihood": fitted.log_likelihood,
+            "rf_ours_to_true": ml.robinson_foulds(tree, truth)}
 
 
 def our_search(name: str, fast: bool) -> dict:
@@ -136,7 +137,7 @@ def references_for(name: str, ours: dict, workdir: Path) -> dict:
     """IQ-TREE's search on this machine and its -blfix check of a tree and model our search wrote elsewhere."""
     path = alignment_path(name)
     alignment = jp.read_alignment(path)
-    tree = jp.parse_newick(ours["tree"])
+    tree = with_alignment_names(jp.parse_newick(ours["tree"]), alignment)
     check = iqtree(["-s", str(path), "-te", str(write_newick(tree, workdir / f"{name}_ours.nwk")), "-m",
                     iqtree_model(ours["model"]), "-blfix", "-nt", "1"], workdir / f"{name}_blfix")
     reference = iqtree(["-s", str(path), "-m", MODEL, "-nt", "1", "-seed", str(SEED)], workdir / f"{name}_iq")
