@@ -80,16 +80,32 @@ def _propose(parents, lengths, problem: Problem, rell=None, floor=None):
         jnp.any(chosen, axis=-1), scores if rell is not None else None
 
 
+PERTURBATION_PASSES = 2  # one pass of node-disjoint NNIs holds about a quarter of a tree's internal edges
+
+
 @eqx.filter_jit
 def perturb(parents, lengths, problem: Problem, key, fraction):
-    """Random NNIs on about `fraction` of each tree's internal edges (no two touching the same nodes)."""
-    scores = nni_scores(parents, lengths, problem.model, problem.data, problem.weights, problem.widths, problem.dtype)
-    k1, k2 = jax.random.split(key)
-    draw = jax.random.uniform(k1, scores.valid.shape)
-    priority = jnp.where(scores.valid & (draw < fraction), 1.0 + draw, 0.0)
-    chosen = independent_moves(priority, scores.nodes, parents.shape[1])
-    which = jax.random.bernoulli(k2, 0.5, scores.valid.shape).astype(jnp.int32)
-    return apply_nnis(parents, lengths, scores, chosen, which)
+    """Random NNIs on `fraction` of each tree's internal edges: IQ-TREE's count, `floor(fraction (n - 3))`
+    (at least one). IQ-TREE applies them one after another, each on a random edge of the tree the last one
+    made; here in `PERTURBATION_PASSES` passes, each a random set of edges whose quartets share no node,
+    scored and applied on the tree the pass before made, until the count is reached."""
+    remaining = None
+    for key in jax.random.split(key, PERTURBATION_PASSES):
+        scores = nni_scores(parents, lengths, problem.model, problem.data, problem.weights, problem.widths,
+                            problem.dtype)
+        if remaining is None:
+            remaining = jnp.maximum(jnp.floor(fraction * jnp.sum(scores.valid, axis=-1)), 1.0)
+        k1, k2 = jax.random.split(key)
+        priority = jnp.where(scores.valid, 1.0 + jax.random.uniform(k1, scores.valid.shape), 0.0)
+        chosen = independent_moves(priority, scores.nodes, parents.shape[1])
+        order = jnp.argsort(-priority, axis=-1)
+        taken = jnp.take_along_axis(chosen, order, axis=-1)
+        kept = taken & (jnp.cumsum(taken, axis=-1) <= remaining[:, None])  # the first `remaining`, by priority
+        chosen = jax.vmap(lambda o, k: jnp.zeros_like(k).at[o].set(k))(order, kept)
+        remaining = remaining - jnp.sum(chosen, axis=-1)
+        which = jax.random.bernoulli(k2, 0.5, scores.valid.shape).astype(jnp.int32)
+        parents, lengths = apply_nnis(parents, lengths, scores, chosen, which)
+    return parents, lengths
 
 
 def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilon: float, ufboot=None):
