@@ -128,7 +128,9 @@ def fit(
     `model` is a model string (its values in braces stay fixed, everything
     else is estimated; see the module docstring for frequencies) or a `Model`
     (then only `estimate`, e.g. `{"gamma_shape"}`, is estimated besides the
-    lengths). Lengths stay in [1e-6, 10]. `optimizer` is "lbfgs" or "adam".
+    lengths). Lengths stay in [1e-6, 10]. `optimizer` is "lbfgs" or "adam";
+    its lengths are then polished by Newton sweeps in the lengths (`_polished`).
+    The fitted tree comes back unrooted, rooted on the first taxon.
     """
     if optimizer not in OPTIMIZERS:
         raise ModelError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, not {optimizer!r}")
@@ -146,7 +148,7 @@ def fit(
                        tolerance, max_iterations)[0]["lengths"]
     fits = [minimise(_objective, {"model": start, "lengths": lengths}, (coordinates, tree, data, precision), optimizer,
                      tolerance, max_iterations) for start in coordinates.starts()]
-    params, value, iterations = min(fits, key=lambda result: float(result[1]))
+    params, _, iterations = min(fits, key=lambda result: float(result[1]))
     fitted = coordinates.model(params["model"])
     lengths = np.asarray(_tree_lengths(params["lengths"], tree))
     parameters = reported_parameters(coordinates.named_values(params["model"]), fitted)
@@ -156,7 +158,7 @@ def fit(
     polished, fitted, log_l = _polished(alignment, tree.with_branch_lengths(lengths), fitted, PRECISIONS[precision],
                                         tolerance)
     return MLResult(
-        tree=polished, model=fitted, log_likelihood=max(log_l, -float(value)),
+        tree=polished, model=fitted, log_likelihood=log_l,
         iterations=int(iterations), seconds=time.perf_counter() - start,
         parameters=parameters,
     )
