@@ -22,11 +22,8 @@ import numpy as np
 
 from ..data import Alignment
 from .._errors import ModelError
-from ..tree import Tree, TreeBatch, fixed_branches, phase_widths
-from ..likelihood import (
-    PRECISIONS, check_inputs, check_lengths, data_log_likelihood, kernel_tree_lengths, max_step_width, partitioned_data,
-    pattern_data, search_data, search_template,
-)
+from ..tree import Tree, TreeBatch, fixed_branches
+from ..likelihood import PRECISIONS, check_inputs, check_lengths, data_log_likelihood, partitioned_data, pattern_data
 from ..models import (
     Model,
     ModelCoordinates,
@@ -37,7 +34,7 @@ from ..models import (
     model_string,
     resolve_model,
 )
-from ._lengths import Problem
+from ._lengths import fitted_tree_problem
 from ._newton import newton_lengths
 from ._optimise import OPTIMIZERS, minimise
 
@@ -169,11 +166,7 @@ def _polished(alignment: Alignment, tree: Tree, model, dtype, tolerance: float):
     in kernel form (`searched_result`'s: unrooted, rooted on the first taxon). The optimiser works in logit
     coordinates, where a short branch moves slowly and the fit stops short of its optimum (see
     `_lengths.optimise_model_and_lengths`, which does the same for the search's fits)."""
-    batch, lengths = kernel_tree_lengths(tree, model)
-    template = search_template(model)
-    data = search_data(alignment, batch, template)
-    problem = Problem(template, data, data.weights[None], phase_widths(batch.num_tips, max_step_width(
-        template, data, dtype)), dtype)
+    batch, lengths, problem = fitted_tree_problem(alignment, tree, model, dtype)
     lengths, log_l, _ = newton_lengths(batch.parents, lengths, fixed_branches(batch.parents), problem,
                                        jnp.asarray(tolerance, lengths.dtype))
     tree, model = searched_result(batch.parents[0], lengths[0], batch.taxa, model)

@@ -10,9 +10,10 @@ import numpy as np
 from ..runtime import place_batch
 from ..tree import (
     mask_like,
+    phase_widths,
 )
 from ..likelihood import (
-    batch_pattern_log_likelihoods, node_bytes,
+    batch_pattern_log_likelihoods, kernel_tree_lengths, max_step_width, node_bytes, search_data, search_template,
 )
 from ..models import (
     Model, ModelCoordinates, PartitionedModel, lengths_from_unconstrained, lengths_to_unconstrained,
@@ -49,6 +50,16 @@ class Problem(eqx.Module):
     dtype: object = eqx.field(static=True)
     lengths_method: str = eqx.field(static=True, default="auto")
     mesh: object = eqx.field(static=True, default=None)  # trees over its `batch` axis (`place_batch`), or None
+
+
+def fitted_tree_problem(alignment, tree, model, dtype):
+    """A fitted tree as a search batch of one, its lengths as a search holds them (`kernel_tree_lengths`), and
+    the `Problem` that scores it with its alignment's own pattern weights."""
+    batch, lengths = kernel_tree_lengths(tree, model)
+    template = search_template(model)
+    data = search_data(alignment, batch, template)
+    widths = phase_widths(batch.num_tips, max_step_width(template, data, dtype))
+    return batch, lengths, Problem(template, data, jnp.asarray(data.weights)[None], widths, dtype)
 
 
 def _lengths_objective(u, parents, fixed, problem: Problem):

@@ -32,12 +32,12 @@ from ..data import Alignment, distances
 from ..runtime import NEVER, BlockRun, alignment_digest, is_local, on_devices, place_batch
 from ..tree import Topology, Tree, TreeBatch, bionj, fixed_branches, kernel_batch, kernel_splits, phase_widths, splits
 from ..likelihood import (
-    PRECISIONS, kernel_tree_lengths, max_step_width, place_data, search_data, search_lengths, search_template,
+    PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template,
 )
 from ..models import PartitionedModel, part_alignments
 from ._fit import MLResult, searched_result
 from ._climb import Climb, SearchSettings
-from ._lengths import Problem, optimise_lengths
+from ._lengths import Problem, fitted_tree_problem, optimise_lengths
 from ._nni import nni_scores
 from ._ufboot import rell_counts
 
@@ -48,13 +48,10 @@ def sh_alrt(alignment: Alignment, result: MLResult, replicates: int = 1000, seed
             precision: str = "float64") -> dict[frozenset, float]:
     """SH-aLRT support (percent) of every internal branch of the ML tree, by split."""
 
-    batch, lengths = kernel_tree_lengths(result.tree, result.model)
-    model = search_template(result.model)
-    data = search_data(alignment, batch, model)
-    dtype = PRECISIONS[precision]
-    widths = phase_widths(batch.num_tips, max_step_width(model, data, dtype))
-    scores = jax.jit(nni_scores, static_argnums=(5, 6, 7))(batch.parents, lengths, model, data,
-                                                           jnp.asarray(data.weights)[None], widths, dtype, True)
+    batch, lengths, problem = fitted_tree_problem(alignment, result.tree, result.model, PRECISIONS[precision])
+    data = problem.data
+    scores = jax.jit(nni_scores, static_argnums=(5, 6, 7))(batch.parents, lengths, problem.model, data,
+                                                           problem.weights, problem.widths, problem.dtype, True)
     valid = np.asarray(scores.valid[0])
     nodes = np.asarray(scores.nodes[0, :, 0])
     per = np.asarray(scores.pattern_gains[0])  # [K, 2, P]: L1 - L0, L2 - L0 per pattern
