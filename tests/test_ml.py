@@ -346,6 +346,20 @@ def test_stop_rule_counts_perturbed_trees():
     assert ml.unsuccessful_trees(80, -10.0, -9.5, 20, 1e-3) == 0
 
 
+def test_candidate_set_counts_resolutions_of_a_polytomy_as_one_tree():
+    """Trees that differ only on a zero-length branch are one candidate (the better kept); a tree that differs
+    on a branch of positive length is another."""
+    newick = ["((A:0.1,B:0.1):0.2,((C:0.1,D:0.1):1e-6,E:0.1):0.2,F:0.1);",  # CD|ABEF on a zero-length branch
+              "((A:0.1,B:0.1):0.2,((C:0.1,E:0.1):1e-6,D:0.1):0.2,F:0.1);",  # CE|ABDF instead: the same polytomy
+              "((A:0.1,C:0.1):0.2,((B:0.1,D:0.1):0.05,E:0.1):0.2,F:0.1);"]  # other splits, all of positive length
+    batch = kernel_batch([jp.parse_newick(text) for text in newick])
+    assert len({frozenset(ml.splits(jp.parse_newick(text))) for text in newick}) == 3  # three binary topologies
+    candidates = ml.CandidateSet(5, batch.taxa)
+    candidates.add(batch.parents, batch.branch_lengths, np.array([-10.0, -9.999, -12.0]))
+    assert sorted(ll for ll, _, _ in candidates.trees.values()) == [-12.0, -9.999]
+    assert np.array_equal(np.asarray(candidates.best()[1]), np.asarray(batch.parents[1]))
+
+
 def test_a_search_compiles_a_fixed_set_of_programs(simulated):
     """A second search with other moves and more rounds compiles nothing new: topologies are data."""
     _, alignment, settings, _ = simulated

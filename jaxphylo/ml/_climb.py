@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from ..runtime import place_batch
 from .._errors import InputError
+from ..models import MIN_LENGTH
 from ..tree import (
     fixed_branches,
     kernel_splits,
@@ -244,15 +245,32 @@ class Climb:
                 "moves": self.moves}
 
 
+DISTINCT_LENGTH = 10 * MIN_LENGTH  # a branch no longer than this is a zero-length resolution of a polytomy
+
+
+def resolved_splits(parent, lengths, taxa) -> frozenset:
+    """A kernel tree's splits on branches longer than `DISTINCT_LENGTH` (every part's, with unlinked lengths):
+    two trees that differ only in how zero-length branches resolve a polytomy are one multifurcating tree."""
+    lengths = np.asarray(lengths).reshape(len(parent), -1).max(axis=1)
+    return frozenset(x for x, t in zip(kernel_splits(np.asarray(parent), taxa), lengths)
+                     if x is not None and t > DISTINCT_LENGTH)
+
+
 class CandidateSet:
-    """The best distinct trees found so far (IQ-TREE keeps five), the trees that perturbations start from."""
+    """The best distinct trees found so far (IQ-TREE keeps five), the trees that perturbations start from.
+
+    Distinct means distinct once zero-length branches are collapsed (`resolved_splits`): on data with
+    identical or near-identical sequences a climb ends in many resolutions of the same polytomies, a few
+    thousandths of a log-likelihood unit apart, and counted as different trees they filled all five places
+    (dengue352: the five candidates of the last rounds were one tree), so that every perturbation started
+    from the same optimum. The best resolution stands for the tree."""
 
     def __init__(self, size: int, taxa):
         self.size, self.taxa, self.trees = size, taxa, {}
 
     def add(self, parents, lengths, log_likelihoods) -> None:
         for p, l, ll in zip(parents, lengths, np.asarray(log_likelihoods)):
-            key = frozenset(x for x in kernel_splits(np.asarray(p), self.taxa) if x is not None)
+            key = resolved_splits(p, l, self.taxa)
             if key not in self.trees or self.trees[key][0] < ll:
                 self.trees[key] = (float(ll), p, l)
         kept = sorted(self.trees.items(), key=lambda item: -item[1][0])[: self.size]

@@ -4,6 +4,14 @@
     python validation/ml/search_vs_iqtree.py --sets DS1 --fast
     python validation/ml/search_vs_iqtree.py --sets dengue352_hmc_clock,sim200
 
+On a GPU machine without IQ-TREE, ours alone, then the references here (IQ-TREE's runs kept in `--workdir`
+and reused, so a long one can run beforehand with `--iqtree-only`):
+
+    python validation/ml/search_vs_iqtree.py --sets dengue352_hmc_clock --ours-only ours.json \
+        --checkpoints ck --max-seconds 540     # again with the same arguments: goes on from ck/
+    python validation/ml/search_vs_iqtree.py --sets rsv2 --ours-only ours.json --repeat   # + warm_seconds
+    python validation/ml/search_vs_iqtree.py --references-for ours.json --workdir iqwork
+
 `sim200` is simulated here (`simulated_set`: 200 taxa, 2,000 sites, GTR+G4,
 fixed seeds) into `validation/ml/simulated/` (git-ignored; the same bytes on
 every machine); its rows also give the true tree's log L after fitting and
@@ -46,6 +54,7 @@ from pathlib import Path
 
 import jaxphylo as jp
 from jaxphylo import ml
+from jaxphylo.runtime import Interrupted, StopRequests
 
 HERE = Path(__file__).resolve().parent
 SIMULATED = HERE / "simulated"
@@ -57,17 +66,24 @@ SEED = 1
 NUM = r"(-?[\d.]+(?:[eE][-+]?\d+)?)"
 
 
-def iqtree(args: list[str], prefix: Path, timeout: float = 3600) -> dict:
+def iqtree(args: list[str], prefix: Path, timeout: float = 3 * 3600) -> dict:
+    """One IQ-TREE run; its row is kept in `prefix.row.json`, and a later call with the same command (a
+    persistent `--workdir`) reads it instead of running again (IQ-TREE's search on a large set takes hours)."""
     command = ["iqtree2", *args, "-pre", str(prefix), "-redo", "-quiet", "-keep-ident"]
+    kept = Path(f"{prefix}.row.json")
+    if kept.exists() and (row := json.loads(kept.read_text()))["argv"] == command:
+        return {**row, "reused": True}
     load = os.getloadavg()[0]
     began = time.perf_counter()
     subprocess.run(command, check=True, timeout=timeout, stdout=subprocess.DEVNULL)
     seconds = time.perf_counter() - began
     report = Path(f"{prefix}.iqtree").read_text()
-    return {"command": " ".join(command).replace(str(prefix.parent), "<tmp>"), "seconds": round(seconds, 2),
-            "load_before": round(load, 2),
-            "log_likelihood": float(re.search(r"Log-likelihood of the tree: " + NUM, report).group(1)),
-            "tree": Path(f"{prefix}.treefile").read_text().strip()}
+    row = {"command": " ".join(command).replace(str(prefix.parent), "<tmp>"), "seconds": round(seconds, 2),
+           "load_before": round(load, 2),
+           "log_likelihood": float(re.search(r"Log-likelihood of the tree: " + NUM, report).group(1)),
+           "tree": Path(f"{prefix}.treefile").read_text().strip()}
+    kept.write_text(json.dumps({**row, "argv": command}) + "\n")
+    return row
 
 
 def with_alignment_names(tree: jp.Tree, alignment) -> jp.Tree:
@@ -118,37 +134,88 @@ def against_truth(name: str, tree: jp.Tree, alignment) -> dict:
             "rf_ours_to_true": ml.robinson_foulds(tree, truth)}
 
 
-def our_search(name: str, fast: bool) -> dict:
-    """Our search alone (`--ours-only`: on a machine without IQ-TREE, e.g. the GPU), with its tree and model."""
+def our_search(name: str, fast: bool, checkpoints: Path | None = None, max_seconds: float | None = None,
+               repeat: bool = False) -> dict | None:
+    """Our search alone (`--ours-only`: on a machine without IQ-TREE, e.g. the GPU), with its tree and model.
+
+    With `checkpoints` the search saves `checkpoints/name.ckpt` and goes on from it when it exists; after
+    `max_seconds` it stops, saved, and this returns None (a set longer than one device call takes several;
+    `seconds` sums the calls', each with its own compilation). With `repeat` the same search runs a second
+    time in the process: `warm_seconds` is the search itself, its programs compiled by the first."""
     alignment = jp.read_alignment(alignment_path(name))
     settings = ml.SearchSettings.fast() if fast else ml.SearchSettings()
+    ckpt = spent_file = None
+    spent = 0.0
+    if checkpoints is not None:
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        ckpt, spent_file = checkpoints / f"{name}.ckpt", checkpoints / f"{name}.seconds"
+        spent = float(spent_file.read_text()) if spent_file.exists() else 0.0
     load, began = os.getloadavg()[0], time.perf_counter()
-    result = ml.search(alignment, MODEL, seed=SEED, settings=settings)
+    try:
+        with StopRequests(max_seconds) as stop:
+            result = ml.search(alignment, MODEL, seed=SEED, settings=settings, checkpoint=ckpt,
+                               resume=ckpt is not None and ckpt.exists(), stop=stop)
+    except Interrupted as stopped:
+        spent_file.write_text(f"{spent + time.perf_counter() - began:.2f}\n")
+        print(f"{name}: stopped, saved ({stopped})", flush=True)
+        return None
+    seconds = spent + time.perf_counter() - began
     import jax
 
-    return {"seconds": round(time.perf_counter() - began, 2), "load_before": round(load, 2),
+    calls = {"calls": int(spent > 0) + 1, "seconds_before_this_call": round(spent, 2)} if spent else {}
+    if repeat:
+        again = time.perf_counter()
+        warm = ml.search(alignment, MODEL, seed=SEED, settings=settings)
+        calls.update(warm_seconds=round(time.perf_counter() - again, 2), warm_log_likelihood=warm.log_likelihood)
+    return {"seconds": round(seconds, 2), "load_before": round(load, 2), **calls,
             "log_likelihood": result.log_likelihood, "model": result.model_string, "rounds": result.search_rounds,
             "device": jax.devices()[0].device_kind, "settings": vars(settings),
             "tree": jp.io.to_dendropy(result.tree).as_string(schema="newick", suppress_rooting=True,
                                                              real_value_format_specifier=".17g").strip()}
 
 
-def references_for(name: str, ours: dict, workdir: Path) -> dict:
-    """IQ-TREE's search on this machine and its -blfix check of a tree and model our search wrote elsewhere."""
+def fasttree(name: str, alignment, workdir: Path) -> dict:
+    """FastTree 2 (`-gtr -gamma`) on this machine, its tree then scored by IQ-TREE under GTR+G4 (`-te`: lengths
+    and model fitted), since FastTree's own log L is under its CAT approximation."""
+    load = os.getloadavg()[0]
+    began = time.perf_counter()
+    # FastTree cuts names at spaces (carnivores' would collide): its copy of the alignment has '_' for them.
+    renamed = workdir / f"{name}_fasttree.fasta"
+    renamed.write_text("".join(f">{t.replace(' ', '_')}\n{q}\n" for t, q in zip(alignment.taxa, alignment.sequences)))
+    newick = subprocess.run(["fasttree", "-gtr", "-gamma", "-nt", "-quiet", str(renamed)], check=True,
+                            capture_output=True, text=True).stdout
+    reference = {"seconds": round(time.perf_counter() - began, 2), "load_before": round(load, 2),
+                 "command": "fasttree -gtr -gamma -nt -quiet ALN"}
+    (workdir / f"{name}_fasttree.nwk").write_text(newick)
+    scored = iqtree(["-s", str(alignment_path(name)), "-te", str(workdir / f"{name}_fasttree.nwk"), "-m", MODEL,
+                     "-nt", "1"], workdir / f"{name}_fasttree_fit")
+    return {**reference, "log_likelihood_iqtree_fit": scored["log_likelihood"], "tree": newick.strip()}
+
+
+def references_for(name: str, ours: dict, workdir: Path, fast: bool = False) -> dict:
+    """The reference on this machine (IQ-TREE's search; FastTree's with `fast`) and IQ-TREE's -blfix check of
+    a tree and model our search wrote elsewhere."""
     path = alignment_path(name)
     alignment = jp.read_alignment(path)
     tree = with_alignment_names(jp.parse_newick(ours["tree"]), alignment)
     check = iqtree(["-s", str(path), "-te", str(write_newick(tree, workdir / f"{name}_ours.nwk")), "-m",
-                    iqtree_model(ours["model"]), "-blfix", "-nt", "1"], workdir / f"{name}_blfix")
-    reference = iqtree(["-s", str(path), "-m", MODEL, "-nt", "1", "-seed", str(SEED)], workdir / f"{name}_iq")
+                    iqtree_model(ours["model"]), "-blfix", "-nt", "1"], workdir / f"{name}_blfix{'_fast' * fast}")
+    if fast:
+        reference = fasttree(name, alignment, workdir)
+        other, label = reference["log_likelihood_iqtree_fit"], "FastTree (IQ-TREE fit)"
+    else:
+        reference = iqtree(["-s", str(path), "-m", MODEL, "-nt", "1", "-seed", str(SEED)], workdir / f"{name}_iq")
+        other, label = reference["log_likelihood"], "IQ-TREE -nt 1"
     theirs = with_alignment_names(jp.parse_newick(reference["tree"]), alignment)
-    row = {"ours": {**ours, "iqtree_blfix_log_likelihood": check["log_likelihood"]}, "iqtree": reference,
-           "rf_ours_to_reference": ml.robinson_foulds(tree, theirs),
-           "log_likelihood_difference": ours["log_likelihood"] - reference["log_likelihood"],
-           **against_truth(name, tree, alignment)}
+    tail = "_fast" if fast else ""
+    row = {f"ours{tail}": {**ours, "iqtree_blfix_log_likelihood": check["log_likelihood"]},
+           "fasttree" if fast else "iqtree": reference,
+           f"rf_ours_to_reference{tail}": ml.robinson_foulds(tree, theirs),
+           f"log_likelihood_difference{tail}": ours["log_likelihood"] - other,
+           **({} if fast else against_truth(name, tree, alignment))}
     print(f"{name:15s} ours ({ours['device']}) {ours['log_likelihood']:.4f} ({ours['seconds']:.1f} s; -blfix "
-          f"{check['log_likelihood']:.4f}) | IQ-TREE -nt 1 {reference['log_likelihood']:.4f} ({reference['seconds']:.1f}"
-          f" s) | diff {row['log_likelihood_difference']:+.4f} | RF {row['rf_ours_to_reference']}", flush=True)
+          f"{check['log_likelihood']:.4f}) | {label} {other:.4f} ({reference['seconds']:.1f} s) | diff "
+          f"{ours['log_likelihood'] - other:+.4f} | RF {row[f'rf_ours_to_reference{tail}']}", flush=True)
     return row
 
 
@@ -181,20 +248,7 @@ def run_set(name: str, workdir: Path, fast: bool) -> dict:
     row["ours_fast" if fast else "ours"] = ours
 
     if fast:
-        load = os.getloadavg()[0]
-        began = time.perf_counter()
-        # FastTree cuts names at spaces (carnivores' would collide): its copy of the alignment has '_' for them.
-        renamed = workdir / f"{name}_fasttree.fasta"
-        renamed.write_text("".join(f">{t.replace(' ', '_')}\n{q}\n" for t, q in zip(alignment.taxa, alignment.sequences)))
-        newick = subprocess.run(["fasttree", "-gtr", "-gamma", "-nt", "-quiet", str(renamed)], check=True,
-                                capture_output=True, text=True).stdout
-        reference = {"seconds": round(time.perf_counter() - began, 2), "load_before": round(load, 2),
-                     "command": "fasttree -gtr -gamma -nt -quiet ALN"}
-        (workdir / f"{name}_fasttree.nwk").write_text(newick)
-        scored = iqtree(["-s", str(path), "-te", str(workdir / f"{name}_fasttree.nwk"), "-m", MODEL, "-nt", "1"],
-                        workdir / f"{name}_fasttree_fit")
-        reference["log_likelihood_iqtree_fit"] = scored["log_likelihood"]
-        reference["tree"] = newick.strip()
+        reference = fasttree(name, alignment, workdir)
         row["fasttree"] = reference
         other = reference["log_likelihood_iqtree_fit"]
     else:
@@ -223,23 +277,49 @@ def main() -> None:
     parser.add_argument("--references-for", metavar="JSON", help="run IQ-TREE beside searches --ours-only wrote; "
                                                                  "their rows go to --out under 'ours_elsewhere'")
     parser.add_argument("--data", type=Path, default=DATA, help="the folder of the sets (default ../shared/data)")
+    parser.add_argument("--checkpoints", type=Path, help="with --ours-only: save each search here and continue a "
+                                                         "saved one (a set longer than one call)")
+    parser.add_argument("--max-seconds", type=float, help="with --checkpoints: stop, saved, after this long")
+    parser.add_argument("--repeat", action="store_true", help="with --ours-only: each search a second time in the "
+                                                              "process (warm_seconds: the search without compiling)")
+    parser.add_argument("--iqtree-only", action="store_true", help="with --workdir: only IQ-TREE's searches, kept "
+                                                                   "there for a later --references-for")
+    parser.add_argument("--workdir", type=Path, help="keep IQ-TREE's runs here and reuse them (default: a "
+                                                     "temporary folder)")
     args = parser.parse_args()
     DATA = args.data
     out = Path(args.out)
+    if args.max_seconds and not args.checkpoints:
+        parser.error("--max-seconds needs --checkpoints (where the stopped search is saved)")
+    began = time.perf_counter()
     if args.ours_only:
-        rows = {}
+        path = Path(args.ours_only)
+        rows = json.loads(path.read_text()) if path.exists() else {}
         for name in args.sets.split(","):  # written after each set: a run cut short keeps what it finished
-            rows[name] = our_search(name, args.fast)
-            print(f"{name}: {rows[name]['log_likelihood']:.4f}, {rows[name]['seconds']} s", flush=True)
-            Path(args.ours_only).write_text(json.dumps(rows, indent=1, default=float) + "\n")
+            left = args.max_seconds and args.max_seconds - (time.perf_counter() - began)  # one budget for all sets
+            row = our_search(name, args.fast, args.checkpoints, left, args.repeat)
+            if row is None:
+                return
+            rows[name] = row
+            print(f"{name}: {row['log_likelihood']:.4f}, {row['seconds']} s", flush=True)
+            path.write_text(json.dumps(rows, indent=1, default=float) + "\n")
         return
-    if args.references_for:
-        record = json.loads(out.read_text())
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if args.iqtree_only:
+            for name in args.sets.split(","):
+                row = iqtree(["-s", str(alignment_path(name)), "-m", MODEL, "-nt", "1", "-seed", str(SEED)],
+                             workdir / f"{name}_iq")
+                print(f"{name}: IQ-TREE -nt 1 {row['log_likelihood']:.4f} ({row['seconds']} s)", flush=True)
+            return
+        if args.references_for:
+            record = json.loads(out.read_text())
             for name, ours in json.loads(Path(args.references_for).read_text()).items():
-                record.setdefault("ours_elsewhere", {})[name] = references_for(name, ours, Path(tmp))
+                rows = record.setdefault("ours_elsewhere", {})  # a --fast row joins the set's default one
+                rows[name] = {**rows.get(name, {}), **references_for(name, ours, workdir, args.fast)}
                 out.write_text(json.dumps(record, indent=1, default=float) + "\n")
-        return
+            return
     header = dict(iqtree=subprocess.run(["iqtree2", "--version"], capture_output=True, text=True).stdout.split("\n")[0],
                   cpu_count=os.cpu_count(), jaxphylo=jp.__version__, seed=SEED, model=MODEL,
                   note="wall times on a shared 2-core machine (load average before each run kept); ours include "
