@@ -165,9 +165,9 @@ def _ufboot_scores(own, tree_rell):
 
 
 def test_ufboot_keeps_the_best_tree_per_replicate_and_shares_ties():
-    """A replicate keeps the tree with the highest RELL log L; distinct topologies within the tie tolerance
-    share the replicates (each kept with probability 1/k, UFBoot2's rule), a topology met again does not
-    count twice, and a tree far below every kept tree's log L is no candidate (IQ-TREE's cutoff)."""
+    """A replicate keeps the tree with the highest RELL log L; a tree within the tie tolerance replaces the kept
+    one with probability 1/(c + 1), c the ties accepted so far, a tree met again too (UFBoot2's rule as IQ-TREE
+    applies it), and a tree far below every kept tree's log L is no candidate (IQ-TREE's cutoff)."""
     taxa = [f"t{i}" for i in range(6)]
     a, b, c = (kernel_batch([jp.random_topology_tree(taxa, seed=k)]) for k in (1, 3, 4))
     assert len({frozenset(ml.splits(t)) for t in (a.to_trees()[0], b.to_trees()[0], c.to_trees()[0])}) == 3
@@ -178,8 +178,9 @@ def test_ufboot_keeps_the_best_tree_per_replicate_and_shares_ties():
     observe(b, -100.2, np.full(r, -100.1))  # a tie (within 0.5): kept by about half
     share_b = np.mean([k == boot.key(np.asarray(b.parents[0])) for k in boot.keys])
     assert 0.45 < share_b < 0.55, share_b
-    observe(a, -100.0, np.full(r, -100.0))  # `a` again: still two tied topologies, nothing moves
-    assert np.mean([k == boot.key(np.asarray(b.parents[0])) for k in boot.keys]) == share_b
+    observe(a, -100.0, np.full(r, -100.0))  # `a` again: a third offer, kept by 1/3 of b's and 1/2 of a's
+    share_b = np.mean([k == boot.key(np.asarray(b.parents[0])) for k in boot.keys])
+    assert 0.30 < share_b < 0.37, share_b
     observe(c, -102.0, np.full(r, -50.0))  # far better RELL, but more than 1 below every kept tree's log L
     assert boot.best.max() < -99
     values = np.where(np.arange(r) < r // 4, -90.0, -120.0)
@@ -192,6 +193,28 @@ def test_ufboot_keeps_the_best_tree_per_replicate_and_shares_ties():
     again = ml.UFBoot(ml.UFBootSettings(2000), np.array([3.0, 2.0, 5.0]), None, 0, taxa)
     again.restore(saved)
     assert again.split_supports() == supports
+
+
+def test_ufboot_offers_the_neighbour_of_a_tree_below_the_cutoff():
+    """A tree below the cutoff is no candidate, but its NNI neighbours above it are (IQ-TREE saves every
+    neighbour it evaluates by the neighbour's own log L): replicates keep those neighbours."""
+    model, trees, data, weights = nine_taxa_two_trees()
+    score = jax.jit(nni_scores, static_argnums=(5, 6, 7))
+    plain = score(trees.parents[:1], trees.branch_lengths[:1], model, data, weights[:1], phase_widths(9), jnp.float64,
+                  True)
+    own = float(batch_data_log_likelihoods(data, trees, model)[0])
+    best_gain = float(jnp.max(plain.gains))
+    assert best_gain > 0.01
+    boot = ml.UFBoot(ml.UFBootSettings(), np.asarray(data.weights), None, 3, trees.taxa)
+    boot.original[:] = own + ml._ufboot.CUTOFF_MARGIN + best_gain / 2  # the floor: halfway to the best neighbour
+    floor = boot.floor(jnp.float64)
+    scores = score(trees.parents[:1], trees.branch_lengths[:1], model, data, weights[:1], phase_widths(9),
+                   jnp.float64, False, boot.device_counts(jnp.float64), floor)
+    boot.observe(trees.parents[:1], trees.branch_lengths[:1], scores)
+    itself = boot.key(np.asarray(trees.parents[0]))
+    kept = [k for k in range(boot.replicates) if boot.keys[k] is not None]
+    assert len(kept) == boot.replicates and all(boot.keys[k] != itself for k in kept)
+    assert np.all(boot.original >= float(floor) - 1e-9)
 
 
 def test_ufboot_settles_when_supports_stop_moving():

@@ -6,11 +6,18 @@ NNI-scores and each of that tree's `2 (n - 3)` NNI neighbours (central branch
 fitted) is scored under every replicate by RELL (Kishino, Miyata & Hasegawa
 1990), `log L*_r = sum_p c_rp log L_p`: the per-pattern log-likelihoods are
 computed once and resampling is one product (`nni_scores(..., rell=counts)`).
-Each replicate keeps the best tree it has met. A different topology within
-`tie` of the kept one is a tie: the `k`-th tree of a tie replaces the kept one
-with probability `1/k`, so each tied tree is kept with equal chance (UFBoot2's
-rule; otherwise whichever tree the search met first would win, e.g. among
-trees that differ only across a zero-length branch). A split's support is the
+Each replicate keeps the best tree it has met. The trees are offered one at a
+time, in the order the search meets them (a batch's rows in order; each tree
+stands for itself or, where one beats it on the replicate, its best NNI
+neighbour). An offer within `tie` of the kept tree's RELL log L is a tie: it
+replaces the kept tree with probability `1/(c + 1)`, `c` the ties accepted
+since the kept log L last rose by more than `tie`, and a tree met again is
+offered again (UFBoot2's rule as IQ-TREE 2 applies it: without it whichever
+tree the search met first would win, e.g. among trees that differ only across
+a zero-length branch; and because accepted ties alone raise `c`, trees met
+often and late, the ML tree and its neighbours, keep more replicates than a
+draw uniform over distinct topologies gives them: on DS1 such a uniform draw
+left four splits 30-36 below IQ-TREE's supports). A split's support is the
 percentage of replicates whose kept tree has it. As in IQ-TREE, a tree whose
 log L (on the alignment itself) is more than `CUTOFF_MARGIN` below that of
 the worst tree any replicate keeps is not a candidate (`floor`): it saves
@@ -76,7 +83,7 @@ def rell_counts(weights: np.ndarray, part_of_pattern, replicates: int, rng) -> n
 
 class UFBoot:
     """The replicates' counts and, per replicate, the best tree met so far (`observe`), its RELL log L and
-    the distinct topologies that tied for it. Plain NumPy between calls (`state`/`restore`: checkpoints)."""
+    the number of ties accepted for it. Plain NumPy between calls (`state`/`restore`: checkpoints)."""
 
     def __init__(self, settings: UFBootSettings, weights: np.ndarray, part_of_pattern, seed: int, taxa):
         self.settings, self.taxa = settings, tuple(taxa)
@@ -86,7 +93,7 @@ class UFBoot:
         self.rng = np.random.default_rng([seed, 0x71E5])  # tie draws: their own stream
         self.best = np.full(replicates, -np.inf)
         self.original = np.full(replicates, -np.inf)  # the kept trees' log L on the alignment itself
-        self.tied: list[set] = [set() for _ in range(replicates)]  # the topologies tied for each replicate's best
+        self.ties = np.zeros(replicates, np.int64)  # ties accepted since each replicate's best last rose
         self.parents, self.lengths, self.keys = None, None, [None] * replicates
         self.checked, self.checked_at = None, 0
         self._keys: dict[bytes, frozenset] = {}
@@ -114,19 +121,27 @@ class UFBoot:
         return self._keys[raw]
 
     def observe(self, parents, lengths, scores) -> None:
-        """Keep, per replicate, the best of the batch's trees and their NNI neighbours (`scores`: `NNIScores`
-        with `rell`) if it beats, or ties with, the replicate's kept tree."""
+        """Offer each of the batch's trees (`scores`: `NNIScores` with `rell`), in row order, to every replicate:
+        the tree itself, or its best NNI neighbour on that replicate where the neighbour beats it or the tree is
+        below the cutoff (`floor`; the neighbours below it were left out by `nni_scores`). Each offer that beats
+        the kept tree by more than `tie` is kept; one within `tie` of it is kept with probability
+        `1/(ties + 1)` (see the module docstring)."""
         rell = scores.rell
-        tree, gain, move = (np.asarray(x) for x in (rell.tree, rell.gain, rell.move))  # [B, R]
+        raw, gain, move = (np.asarray(x) for x in (rell.tree, rell.gain, rell.move))  # [B, R]
         own = np.asarray(rell.log_likelihood)
-        tree = np.where((own >= np.min(self.original) - CUTOFF_MARGIN)[:, None], tree, -np.inf)
-        neighbour = np.isfinite(gain) & ((gain > 0) | ~np.isfinite(tree))  # the tree itself unless a neighbour is better
-        value = np.where(neighbour, tree + np.where(np.isfinite(tree), gain, 0.0), tree)
-        b = np.argmax(value, axis=0)
-        r = np.arange(value.shape[1])
-        value = value[b, r]
-        candidates = np.flatnonzero(np.isfinite(value) & (value >= self.best - self.settings.tie))
-        if not len(candidates):
+        eligible = (own >= np.min(self.original) - CUTOFF_MARGIN)[:, None]
+        neighbour = np.isfinite(gain) & ((gain > 0) | ~eligible)
+        value = np.where(neighbour, raw + np.where(neighbour, gain, 0.0), np.where(eligible, raw, -np.inf))
+        offered, tie = np.full(self.replicates, -1), self.settings.tie
+        for j in range(value.shape[0]):
+            v = value[j]
+            better = v > self.best + tie
+            won = ~better & (v > self.best - tie) & (self.rng.random(self.replicates) * (self.ties + 1) < 1)
+            self.ties = np.where(better, 1, self.ties + won)
+            self.best = np.where(better, v, np.where(won, np.maximum(self.best, v), self.best))
+            offered[better | won] = j
+        kept = np.flatnonzero(offered >= 0)
+        if not len(kept):
             return
         parents, lengths = np.asarray(parents), np.asarray(lengths)
         nodes, fitted, gains = np.asarray(scores.nodes), np.asarray(scores.lengths), np.asarray(scores.gains)
@@ -134,25 +149,13 @@ class UFBoot:
             self.parents = np.repeat(parents[:1], self.replicates, axis=0)
             self.lengths = np.repeat(lengths[:1], self.replicates, axis=0)
         built: dict[tuple, tuple] = {}
-        for k in candidates:
-            j = int(b[k])
+        for k in kept:
+            j = int(offered[k])
             m = int(move[j, k]) if neighbour[j, k] else -1
             if (j, m) not in built:
                 built[j, m] = _neighbour(parents[j], lengths[j], nodes[j], fitted[j], m)
-            p, l = built[j, m]
-            key = self.key(p)
-            if value[k] > self.best[k] + self.settings.tie:
-                self.tied[k] = {key}
-            elif key in self.tied[k]:  # a topology of the tie met again: not another tied tree
-                if key == self.keys[k]:
-                    self.best[k] = max(self.best[k], value[k])
-                continue
-            else:
-                self.tied[k].add(key)
-                if self.rng.integers(len(self.tied[k])) != 0:
-                    continue
-            self.best[k] = value[k] if value[k] > self.best[k] + self.settings.tie else max(self.best[k], value[k])
-            self.parents[k], self.lengths[k], self.keys[k] = p, l, key
+            self.parents[k], self.lengths[k] = built[j, m]
+            self.keys[k] = self.key(self.parents[k])
             self.original[k] = own[j] + (gains[j, m // 2, m % 2] if m >= 0 else 0.0)
 
     def refined(self, rows: np.ndarray, parents, lengths) -> None:
@@ -204,7 +207,7 @@ class UFBoot:
         order = lambda key: None if key is None else tuple(sorted(tuple(sorted(s)) for s in key))  # noqa: E731
         checked = None if self.checked is None else sorted((tuple(sorted(s)), v) for s, v in self.checked.items())
         return {"best": self.best, "original": self.original, "parents": self.parents, "lengths": self.lengths,
-                "keys": [order(k) for k in self.keys], "tied": [sorted(order(k) for k in t) for t in self.tied],
+                "keys": [order(k) for k in self.keys], "ties": self.ties,
                 "rng": self.rng.bit_generator.state,
                 "checked": checked, "checked_at": self.checked_at}
 
@@ -213,7 +216,7 @@ class UFBoot:
         self.best, self.original = saved["best"], saved["original"]
         self.parents, self.lengths = saved["parents"], saved["lengths"]
         self.keys = [unordered(k) for k in saved["keys"]]
-        self.tied = [{unordered(k) for k in t} for t in saved["tied"]]
+        self.ties = saved["ties"]
         self.rng.bit_generator.state = saved["rng"]
         self.checked = None if saved["checked"] is None else {frozenset(s): v for s, v in saved["checked"]}
         self.checked_at = saved["checked_at"]
