@@ -12,12 +12,12 @@ stands for itself or, where one beats it on the replicate, its best NNI
 neighbour). An offer within `tie` of the kept tree's RELL log L is a tie: it
 replaces the kept tree with probability `1/(c + 1)`, `c` the ties accepted
 since the kept log L last rose by more than `tie`, and a tree met again is
-offered again (UFBoot2's rule as IQ-TREE 2 applies it: without it whichever
-tree the search met first would win, e.g. among trees that differ only across
-a zero-length branch; and because accepted ties alone raise `c`, trees met
-often and late, the ML tree and its neighbours, keep more replicates than a
-draw uniform over distinct topologies gives them: on DS1 such a uniform draw
-left four splits 30-36 below IQ-TREE's supports). A split's support is the
+offered again (UFBoot2's rule as IQ-TREE 2 applies it: without a tie rule
+whichever tree the search met first would win, e.g. among trees that differ
+only across a zero-length branch; since accepted ties alone raise `c`, trees
+met often and late keep more replicates than a draw uniform over distinct
+topologies gives them, though on DS1 the two rules' supports differ by 0.2 on
+average, `validation/ml/ufboot_cpu_experiments.json`). A split's support is the
 percentage of replicates whose kept tree has it. As in IQ-TREE, a tree whose
 log L (on the alignment itself) is more than `CUTOFF_MARGIN` below that of
 the worst tree any replicate keeps is not a candidate (`floor`): it saves
