@@ -3,7 +3,7 @@
 from ._fit import MLResult, fit, searched_result
 from .selection import ModelFit, ModelSelection, best_scheme_nexus, select_model, select_part_models
 from ._climb import CandidateSet, SearchSettings, unsuccessful_trees
-from ._lengths import Problem, optimise_lengths
+from ._lengths import Problem, fitted_tree_problem, optimise_lengths
 from ._newton import node_branch_derivatives
 from ._nni import apply_nnis, nni_scores
 from ._spr import regraft_edges, regrafted_tree, spr_scores
@@ -14,7 +14,7 @@ from ._ufboot import MIN_REPLICATES as UFBOOT_MIN_REPLICATES, UFBoot, UFBootSett
 from ..tree import robinson_foulds, splits, with_supports
 
 __all__ = ["MLResult", "fit", "search", "search_checkpoint", "searched_result", "SearchSettings", "unsuccessful_trees",
-           "CandidateSet", "Problem", "optimise_lengths", "check_inputs", "bootstrap", "sh_alrt", "UFBoot",
-           "UFBootSettings", "UFBOOT_MIN_REPLICATES", "splits", "robinson_foulds", "with_supports", "select_model",
-           "select_part_models", "best_scheme_nexus", "ModelSelection", "ModelFit", "node_branch_derivatives",
-           "apply_nnis", "nni_scores", "regraft_edges", "regrafted_tree", "spr_scores"]
+           "CandidateSet", "Problem", "fitted_tree_problem", "optimise_lengths", "check_inputs", "bootstrap",
+           "sh_alrt", "UFBoot", "UFBootSettings", "UFBOOT_MIN_REPLICATES", "splits", "robinson_foulds",
+           "with_supports", "select_model", "select_part_models", "best_scheme_nexus", "ModelSelection", "ModelFit",
+           "node_branch_derivatives", "apply_nnis", "nni_scores", "regraft_edges", "regrafted_tree", "spr_scores"]

@@ -162,7 +162,7 @@ def our_search(name: str, fast: bool, checkpoints: Path | None = None, max_secon
     seconds = spent + time.perf_counter() - began
     import jax
 
-    calls = {"calls": int(spent > 0) + 1, "seconds_before_this_call": round(spent, 2)} if spent else {}
+    calls = {"seconds_before_this_call": round(spent, 2)} if spent else {}
     if repeat:
         again = time.perf_counter()
         warm = ml.search(alignment, MODEL, seed=SEED, settings=settings)

@@ -31,9 +31,9 @@ import numpy as np
 
 import jaxphylo as jp
 from jaxphylo import ml
+from ufboot_vs_iqtree import labelled_splits, renamed_tree
 from jaxphylo.likelihood import batch_pattern_log_likelihoods
 from jaxphylo.tree import TreeBatch, fixed_branches, kernel_batch
-from jaxphylo.ml._lengths import fitted_tree_problem
 
 HERE = Path(__file__).resolve().parent
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -47,15 +47,9 @@ def main() -> None:
     parser.add_argument("--ours", required=True, type=Path)
     args = parser.parse_args()
     alignment = jp.read_alignment(DATA / args.set / "alignment.fasta")
-    renamed = {t.replace(" ", "_"): t for t in alignment.taxa}
-
-    def named(tree):
-        taxa = tuple(renamed.get(x, x) for x in tree.taxa)
-        return jp.Tree(tree.branch_lengths, jp.Topology(tree.topology.parent, taxa, False))
-
-    theirs = [named(jp.parse_newick(line, default_branch_length=0.05))
+    theirs = [renamed_tree(jp.parse_newick(line, default_branch_length=0.05), alignment)
               for line in Path(f"{args.iqtree}.ufboot").read_text().splitlines() if line.strip()]
-    ml_tree = named(jp.read_tree(f"{args.iqtree}.treefile"))
+    ml_tree = renamed_tree(jp.read_tree(f"{args.iqtree}.treefile"), alignment)
     ours = [jp.parse_newick(t) for t in json.loads(args.ours.read_text())["trees"]]
     fit = ml.fit(alignment, ml_tree, "GTR+G4")
 
@@ -69,7 +63,7 @@ def main() -> None:
     pools["union"] = {**pools["iqtree"], **pools["ours"]}
     keys = list(pools["union"])
     trees = [pools["union"][k].with_branch_lengths(np.full(len(pools["union"][k].branch_lengths), 0.05)) for k in keys]
-    _, _, problem = fitted_tree_problem(alignment, fit.tree, fit.model, jnp.float64)
+    _, _, problem = ml.fitted_tree_problem(alignment, fit.tree, fit.model, jnp.float64)
     first = kernel_batch([fit.tree] + trees)  # the fitted tree's taxon order, which the problem's data follow
     batch = TreeBatch(first.parents[1:], first.branch_lengths[1:], first.taxa)
     problem = eqx.tree_at(lambda p: p.weights, problem, jnp.broadcast_to(problem.weights, (CHUNK,
@@ -89,9 +83,7 @@ def main() -> None:
     counts = np.random.default_rng(7).multinomial(int(weights.sum()), weights / weights.sum(), size=1000)
     rell = counts @ per_pattern.T
     ml_splits = list(ml.splits(ml_tree))
-    labelled = jp.read_tree(f"{args.iqtree}.treefile")
-    reported = {"iqtree": {frozenset(renamed.get(x, x) for x in split): float(labelled.topology.labels[node])
-                           for split, node in ml.splits(labelled).items()},
+    reported = {"iqtree": labelled_splits(ml_tree),
                 "ours": {s: 100.0 * np.mean([s in frozenset(ml.splits(t)) for t in ours]) for s in ml_splits}}
     supports = {}
     for name, pool in pools.items():
