@@ -359,14 +359,14 @@ def test_parsimony_builder_scores_equal_brute_force_fitch(seed, tmp_path):
 
 
 def test_stop_rule_counts_perturbed_trees():
-    """A round's trees add to the count unless the best rose by more than epsilon; IQ-TREE's 100 unsuccessful
-    trees are 5 rounds of 20, or one round of 128."""
+    """A round's trees add to the count unless its best is a new tree above the best before it, by any amount
+    (IQ-TREE's rule); IQ-TREE's 100 unsuccessful trees are 5 rounds of 20, or one round of 128."""
     count, rounds = 0, 0
-    while count < 100:
-        count, rounds = ml.unsuccessful_trees(count, -10.0, -10.0 + 5e-4, 20, 1e-3), rounds + 1
+    while count < 100:  # a known tree re-fitted higher is no success
+        count, rounds = ml.unsuccessful_trees(count, -10.0, -10.0 + 5e-4, 20, new_best=False), rounds + 1
     assert rounds == 5
-    assert ml.unsuccessful_trees(0, -10.0, -10.0, 128, 1e-3) >= 100
-    assert ml.unsuccessful_trees(80, -10.0, -9.5, 20, 1e-3) == 0
+    assert ml.unsuccessful_trees(0, -10.0, -10.0, 128, new_best=True) >= 100
+    assert ml.unsuccessful_trees(80, -10.0, -10.0 + 1e-4, 20, new_best=True) == 0
 
 
 def test_candidate_set_counts_resolutions_of_a_polytomy_as_one_tree():
@@ -481,27 +481,34 @@ def test_a_start_with_a_non_finite_likelihood_stops_the_search_with_its_cause(si
         ml.search(alignment, "HKY{3}+F{0.5,0.5,0,0}+G4{0.8}", settings=settings, seed=1)
 
 
-def test_interrupted_bootstrap_resumes_to_the_same_trees(simulated, tmp_path, monkeypatch):
-    """Stopped inside its batches' NNI climbs and resumed each time: the trees of an uninterrupted bootstrap."""
+def test_interrupted_bootstrap_resumes_to_the_same_trees(simulated, tmp_path):
+    """Stopped inside its batches' NNI climbs and resumed each time: the trees of an uninterrupted bootstrap.
+    All six replicates climbed as one batch give the same trees as two batches of three."""
     _, alignment, settings, result = simulated
-    monkeypatch.setattr(ml._support, "BOOTSTRAP_BATCH", 3)
     whole_path, path = tmp_path / "whole.ckpt", tmp_path / "boot.ckpt"
-    whole, trees = ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2, checkpoint=whole_path)
+    options = dict(replicates=6, settings=settings, seed=2, batch=3)
+    whole, trees = ml.bootstrap(alignment, result, checkpoint=whole_path, **options)
     with pytest.raises(Interrupted, match="after 0 of 6 replicates"):
-        ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2, checkpoint=path, stop=StopAfter(1))
+        ml.bootstrap(alignment, result, checkpoint=path, stop=StopAfter(1), **options)
     stops = 0
     for reads in (1, 2, 1, 3):  # stopped inside the first batch's climb, after it, inside the second's
         try:
-            resumed, again = ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2,
-                                          checkpoint=path, stop=StopAfter(reads))
+            resumed, again = ml.bootstrap(alignment, result, checkpoint=path, stop=StopAfter(reads), **options)
         except Interrupted:
             stops += 1
-    resumed, again = ml.bootstrap(alignment, result, replicates=6, settings=settings, seed=2, checkpoint=path)
+    resumed, again = ml.bootstrap(alignment, result, checkpoint=path, **options)
     assert stops >= 2 and resumed == whole
     for a, b in zip(trees, again):
         assert a.topology == b.topology
         np.testing.assert_array_equal(a.branch_lengths, b.branch_lengths)
     assert path.read_bytes() == whole_path.read_bytes()
+    one_batch, once = ml.bootstrap(alignment, result, **{**options, "batch": 6})
+    assert one_batch == whole
+    for a, b in zip(trees, once):
+        assert a.topology == b.topology
+        np.testing.assert_allclose(a.branch_lengths, b.branch_lengths, rtol=1e-6, atol=1e-9)
+    with pytest.raises(jp.InputError, match="bootstrap batch"):
+        ml.bootstrap(alignment, result, **{**options, "batch": 0})
 
 
 def test_splits_do_not_depend_on_the_order_of_taxa():

@@ -299,7 +299,7 @@ class _SearchRun:
                 self.stage, self.done = ("bnni", 0) if self.ufboot is not None and self.ufboot.settings.bnni else ("final", 0)
                 return True
             self.key, sub = jax.random.split(self.key)
-            self.before = self.candidates.best()[0]
+            self.before = (self.candidates.best()[0], self.candidates.best_key())
             p, l = self.candidates.stacked(self.size)
             p, l = perturb(p, l, self.problem_of(self.size), sub, self.settings.perturbation)
             l, ll = optimise_lengths(p, l, fixed_branches(p), self.problem_of(self.size))
@@ -325,9 +325,10 @@ class _SearchRun:
                 return True
             self.refit_model_on_best()
         else:
-            after = self.candidates.best()[0]
-            self.failures = unsuccessful_trees(self.failures, self.before, after, self.size, self.settings.epsilon)
-            if after > self.before + self.settings.epsilon:
+            (before, known), after = self.before, self.candidates.best()[0]
+            self.failures = unsuccessful_trees(self.failures, before, after, self.size,
+                                               self.candidates.best_key() != known)
+            if after > before + self.settings.epsilon:
                 self.refit_model_on_best()
         self.stage = "perturb"
         return True
