@@ -1,6 +1,6 @@
 """Incremental against full likelihood recomputation in an MC³-like loop: time per generation of B chains.
 
-A generation: one of MC³'s tree moves, made by every chain (NNI, SPR, extending SPR/TBR, branch and tree-length
+A generation: every chain draws one of MC³'s tree moves (NNI, SPR, extending SPR/TBR, branch and tree-length
 multipliers, node slider; `jaxphylo.inference.moves` on the tip-0 view), its log-likelihood is computed, and
 it is accepted with probability 1/2 (the likelihood's cost does not depend on the rule). `generations` of
 them run inside one jitted `fori_loop` (the partials a loop carry, updated in place), timed as a block:
@@ -53,8 +53,8 @@ TREE_MOVES = 7
 def propose(parents, lengths, key, num_tips):
     k_kind, k_move = jax.random.split(key)
     up, edge = jax.vmap(to_view)(parents, lengths)
-    kind = jax.random.randint(k_kind, (), 0, TREE_MOVES)  # one kind a generation for every chain, as MC³ draws
-    up, edge, _ = jax.vmap(propose_tree, in_axes=(None, 0, 0, 0, None, None))(
+    kind = jax.random.randint(k_kind, (parents.shape[0],), 0, TREE_MOVES)
+    up, edge, _ = jax.vmap(propose_tree, in_axes=(0, 0, 0, 0, None, None))(
         kind, jax.random.split(k_move, parents.shape[0]), up, edge, num_tips, jnp.full(3, 0.5))
     return jax.vmap(from_view)(up.astype(parents.dtype), edge, jnp.argmin(parents, axis=1).astype(parents.dtype))
 

@@ -1,9 +1,9 @@
 """What every Metropolis–Hastings sampler here shares: a batch of chains, a weighted mixture of moves, one
 accept rule and one tuning rule.
 
-A generation of a batch of `B` chains draws one local move from their weights, which every chain makes
-from its own random stream (one draw for all chains, so that only that move's program runs), or, with
-probability `w_hmc / sum(w)` (one draw for all chains too), an HMC move of every chain (`mixture`). The proposal with
+A generation of a batch of `B` chains draws each chain's move from the weights of the local moves (a
+categorical draw per chain), or, with probability `w_hmc / sum(w)` (one draw for all chains, so that the
+gradient program runs for all or none), an HMC move of every chain (`mixture`). The proposal with
 log proposal ratio `log q` is accepted with probability `min(1, exp(beta dlog posterior + log q))`
 (`metropolis_hastings`); a chain whose proposed posterior is not finite keeps its state. While tuning,
 the tuning of the move used (a multiplier's lambda, a window, an HMC step size) takes a Robbins–Monro step
@@ -49,16 +49,11 @@ def chain_keys(key, chain: Int[Array, " B"]):
     return jax.vmap(jax.random.fold_in, (None, 0))(key, chain)
 
 
-def draw_moves(key_kind, key_pick, weights: Float[Array, " moves"], hmc: int):
-    """This generation's local move (an index into `weights[:hmc]`) and whether it is HMC's: two draws from the
-    shared key, so the same on every device. Every chain makes the same kind of move in a generation: each
-    chain's kernel is still the mixture of the moves with these weights (the choice does not look at any
-    state), and under `vmap` a `switch` on a shared index runs one move, where a per-chain index ran every
-    move and selected one (DS1 on a CPU: 0.226 ms of a 0.583 ms generation of 8 chains; now 0.047 of 0.400).
-    Independent runs then share which kind of move each generation tries, not their proposals or accept
-    draws; a prior-only check over six seeds (`tests/test_dated_topology.py`) found the same spread of errors
-    either way."""
-    kind = jax.random.categorical(key_kind, jnp.log(weights[:hmc]))
+def draw_moves(key_kind, key_pick, weights: Float[Array, " moves"], hmc: int, chain: Int[Array, " B"]):
+    """Each chain's local move (`[B]` indices into `weights[:hmc]`), and whether this generation is HMC's (one
+    draw from the shared key, the same on every device)."""
+    logits = jnp.log(weights[:hmc])
+    kind = jax.vmap(lambda k: jax.random.categorical(k, logits))(chain_keys(key_kind, chain))
     use_hmc = jax.random.uniform(key_pick) * jnp.sum(weights) < weights[hmc]
     return kind, use_hmc
 
@@ -151,7 +146,7 @@ def build_kernel(propose, score, target_acceptance, tune_generations, bounds: tu
                  keep=keep_nothing):
     """The Metropolis–Hastings kernel `step(key, state, beta=1) -> (state, info)` every sampler here runs.
 
-    `propose(key, state, beta) -> Proposal` draws the generation's move (a mixture: `draw_moves`, `mixture`);
+    `propose(key, state, beta) -> Proposal` draws each chain's move (a mixture: `draw_moves`, `mixture`);
     `score(state, position) -> (log L, log prior, cache)` scores every proposal in one batched call, from the
     likelihood's `state.cache` where it keeps one, and `keep(state.cache, cache, accept)` is the cache of the
     kept states (`keep_nothing` where there is none);

@@ -12,8 +12,8 @@ Yule's birth rate (`log`) or birth–death's net diversification `lambda - mu`
 free parameters (`ModelCoordinates`); its adaptation is HMC's mass matrix), and `build_kernel` gives
 `step(key, state) -> (state, info)`, the Metropolis–Hastings kernel of `base.py` with these proposals.
 
-One generation either proposes a tree move for every chain (one kind drawn
-for all chains with the weights of `DatedSettings.moves`, each chain its own proposal: narrow and wide exchange, subtree
+One generation either proposes a tree move for every chain (drawn per chain
+with the weights of `DatedSettings.moves`: narrow and wide exchange, subtree
 slide, Wilson-Balding, node height, root height), scores every proposed tree
 in one batched likelihood call and accepts or rejects each, or (with
 probability `weights["hmc"] / sum(weights)`, one draw for all chains) moves
@@ -340,10 +340,10 @@ def _propose(posterior: DatedPosterior, settings: DatedSettings, tune_generation
     def propose(key, state: MCMCState, beta) -> Proposal:
         at = state.position
         k_kind, k_move, k_hmc_pick, k_hmc = jax.random.split(key, 4)
-        kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc)
+        kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, state.chain)
 
         def tree_moves(_):
-            parents, heights, log_q = jax.vmap(propose_time_tree, in_axes=(None, 0, 0, 0, 0, None))(
+            parents, heights, log_q = jax.vmap(propose_time_tree, in_axes=(0, 0, 0, 0, 0, None))(
                 kind, chain_keys(k_move, state.chain), at.parents, at.heights, state.tunings[:, :2], enabled)
             return TimeTreePosition(parents.astype(at.parents.dtype), heights, at.params), log_q, state.adaptation
 
@@ -352,7 +352,7 @@ def _propose(posterior: DatedPosterior, settings: DatedSettings, tune_generation
             return TimeTreePosition(at.parents, heights, params), log_q, mass
 
         position, log_q, mass = mixture(use_hmc, hmc_enabled, hamiltonian, tree_moves)
-        kind = jnp.full(at.heights.shape[0], jnp.where(use_hmc, hmc, kind))
+        kind = jnp.where(use_hmc, hmc, kind)
         return Proposal(position, log_q, kind, _tuning_column(kind), mass)
 
     return propose

@@ -4,8 +4,7 @@ Blackjax's shape: `init` gives the state of all `runs x chains` chains as one ba
 `tempered.TemperedState` around a `base.MCMCState` whose position is `UnrootedPosition`: the tip-0 view
 `up`, edge lengths, the kernel root, unconstrained model parameters), and `build_kernel` gives
 `step(key, state) -> (state, info)`: the Metropolis–Hastings kernel of `base.py` with this sampler's
-proposals (one kind of move a generation, drawn with `MC3Settings.moves` weights and made by every chain
-from its own stream, every proposed tree scored in one
+proposals (one move per chain, drawn with `MC3Settings.moves` weights, every proposed tree scored in one
 batched likelihood call), wrapped by `tempered.tempered` (each chain at its heat's `beta = 1 / (1 + lambda h)`,
 then a heat swap per run). `run_block` runs blocks of generations for the run's driver; only the cold chain
 of each run leaves the device, every `sample_every` generations.
@@ -189,7 +188,7 @@ def _propose(posterior: Posterior, settings: MC3Settings, weights):
     def propose(key, state: MCMCState, beta) -> Proposal:
         b = state.log_likelihood.shape[0]
         k_kind, k_move, k_hmc_pick, k_hmc = jax.random.split(key, 4)
-        kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc)
+        kind, use_hmc = draw_moves(k_kind, k_hmc_pick, weights, hmc, state.chain)
         at = state.position
 
         def hamiltonian(_):
@@ -199,14 +198,13 @@ def _propose(posterior: Posterior, settings: MC3Settings, weights):
 
         local = lambda _: _local_proposals(state, posterior, settings, k_move, kind)  # noqa: E731
         position, log_q, slot = mixture(use_hmc, hmc_enabled, hamiltonian, local)
-        return Proposal(position, log_q, jnp.full(b, jnp.where(use_hmc, hmc, kind)), slot, ())
+        return Proposal(position, log_q, jnp.where(use_hmc, hmc, kind), slot, ())
 
     return propose
 
 
 def _local_proposals(state: MCMCState, posterior: Posterior, settings: MC3Settings, key, kind):
-    """Every chain's move of kind `kind` (one for all chains): a tree move or one model parameter
-    (`moves/_parameters.py`), each chain drawing its own from its own stream.
+    """Each chain's own move: a tree move or one model parameter (`moves/_parameters.py`), chosen by `kind`.
 
     Returns `(position, log q, slot)`, `slot` the column of `tunings` the move used (-1 for a topology move).
     """
@@ -215,10 +213,10 @@ def _local_proposals(state: MCMCState, posterior: Posterior, settings: MC3Settin
     tree_kind = jnp.minimum(kind, len(TOPOLOGY_MOVES + BRANCH_MOVES) - 1)
     weights = dict(settings.moves)
     enabled = tuple(weights.get(name, 0.0) > 0 for name in TOPOLOGY_MOVES + BRANCH_MOVES)
-    up, edge, log_q = jax.vmap(propose_tree, in_axes=(None, 0, 0, 0, None, 0, None))(
+    up, edge, log_q = jax.vmap(propose_tree, in_axes=(0, 0, 0, 0, None, 0, None))(
         tree_kind, chain_keys(k_tree, state.chain), at.up, at.edge, posterior.num_tips, state.tunings[:, :3], enabled)
     moving_params = kind == MOVES.index("parameters")
-    slot = jnp.full(at.up.shape[0], jnp.where(kind >= len(TOPOLOGY_MOVES), kind - len(TOPOLOGY_MOVES), -1))
+    slot = jnp.where(kind >= len(TOPOLOGY_MOVES), kind - len(TOPOLOGY_MOVES), -1)
     params = at.params
     if jax.tree.leaves(at.params):
         walked, log_q_params, site = jax.vmap(propose_parameters, in_axes=(0, 0, None, 0))(

@@ -284,9 +284,9 @@ def propose_tree(kind: Int[Array, ""], key, up, edge, num_tips: int, tunings: Fl
                  enabled: tuple[bool, ...] | None = None):
     """The proposal of move `kind` (index into `TOPOLOGY_MOVES + BRANCH_MOVES`): `(up', edge', log q)`.
 
-    A `switch`: vmapped over chains with `kind` shared (`in_axes=None`) only that move runs; with a
-    per-chain `kind` every move runs and one is selected. Moves not `enabled` (static: zero weight) are not
-    compiled.
+    Every enabled move is computed and one is selected: under `vmap` a
+    `switch` would do the same, and the moves are cheap beside the likelihood.
+    Moves not `enabled` (static: zero weight) are not computed at all.
     """
     keys = jax.random.split(key, 7)
     moves = [
@@ -299,10 +299,6 @@ def propose_tree(kind: Int[Array, ""], key, up, edge, num_tips: int, tunings: Fl
         lambda: node_slider(keys[6], up, edge, tunings[2]),
     ]
     enabled = enabled or (True,) * len(moves)
-
-    def typed(move):
-        new_up, new_edge, log_q = move()
-        return new_up.astype(up.dtype), new_edge.astype(edge.dtype), jnp.asarray(log_q, edge.dtype)
-
-    unchanged = lambda: (up, edge, jnp.zeros((), edge.dtype))  # noqa: E731
-    return jax.lax.switch(kind, [(lambda m=move: typed(m)) if on else unchanged for move, on in zip(moves, enabled)])
+    unchanged = (up, edge, jnp.zeros((), edge.dtype))
+    options = [move() if on else unchanged for move, on in zip(moves, enabled)]
+    return jax.tree.map(lambda *xs: jnp.stack(xs)[kind], *options)
