@@ -151,7 +151,7 @@ def bootstrap(alignment: Alignment, result: MLResult, replicates: int = 100, see
     path) the finished batches are saved, and a saved file for the same
     inputs is continued; `stop` is read before every NNI round (then the
     finished batches and the climb in progress are saved, and `Interrupted`).
-    The batches are fixed by `replicates` alone, so an interrupted and
+    The batches are fixed by `replicates` and `batch`, so an interrupted and
     resumed bootstrap gives the trees an uninterrupted one gives. A replicate's climb does not depend on
     the others in its batch, so `batch` changes the memory and the time, not the trees, up to rounding
     (tested on the CPU; on DS1 on a GPU, one replicate of 1,000 in one batch ended elsewhere than in
