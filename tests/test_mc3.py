@@ -19,7 +19,7 @@ import pytest
 
 import jaxphylo as jp
 from jaxphylo.runtime import Interrupted
-from jaxphylo.inference.mc3 import MC3Settings, mc3
+from jaxphylo.inference.mc3 import MC3Settings, RunSamples, consensus_newick, mc3
 from jaxphylo.tree import kernel_splits
 
 from conftest import StopAfter, sigterm_at_random_moment
@@ -200,6 +200,19 @@ def test_stopped_and_resumed_run_ends_with_the_same_files(five_taxa, tmp_path):
     other = MC3Settings(runs=2, chains=2, generations=1200, sample_every=20, block=10, temperature=0.2)
     with pytest.raises(jp.InputError, match="settings.temperature was '0.1' there"):
         mc3(five_taxa, "HKY+G4", settings=other, seed=5, out=tmp_path / "parts", resume=True)
+
+
+def test_consensus_roots_at_the_first_taxon_when_it_is_not_the_least_name():
+    """Samples keep each split as the side without the least taxon name ("a"); the consensus is rooted at the
+    alignment's first taxon ("c"). A split holding "c" must enter as its complement, or the tree comes out
+    with a one-taxon clade and the wrong topology (it did, for every alignment whose first name is not least)."""
+    taxa = ("c", "a", "b", "d", "e")
+    truth = jp.parse_newick("((c:1,d:1):1,(a:1,b:1):1,e:1);")
+    sample = {split: 0.5 for split in jp.ml.splits(truth)}
+    assert frozenset("cd") in sample and frozenset("cde") in sample  # the kernel's sides, both holding "c"
+    runs = [RunSamples([0], [sample], [np.ones(5)], [np.zeros(3)])]
+    tree = jp.parse_newick(consensus_newick(runs, taxa, 0.0))
+    assert tree.topology.num_nodes == 2 * 5 - 2 and jp.ml.robinson_foulds(tree, truth) == 0
 
 
 def test_mcmc_command_writes_mrbayes_style_outputs(five_taxa, tmp_path):

@@ -97,11 +97,16 @@ def consensus_newick(runs: list[RunSamples], taxa, burnin: float, min_frequency:
     Splits above one half are compatible, so they nest: rooted at the first
     taxon, each one's parent is the smallest kept split that contains it.
     """
-    frequencies = {s: float(np.mean(f)) for s, f in split_frequencies(runs, burnin).items()}
-    lengths = mean_split_lengths(runs, burnin)
+    everyone = frozenset(taxa[1:])
+    # Splits are kept as the side without the least taxon name; rooted at the first taxon, a clade is the side
+    # without that one (they differ whenever the alignment's first taxon is not the least name)
+    def oriented(split):
+        return split if taxa[0] not in split else everyone - split
+
+    frequencies = {oriented(s): float(np.mean(f)) for s, f in split_frequencies(runs, burnin).items()}
+    lengths = {oriented(s): length for s, length in mean_split_lengths(runs, burnin).items()}
     kept = sorted((s for s, f in frequencies.items() if f > min_frequency), key=len)
     tips = np.mean(np.concatenate([np.asarray(r.tip_lengths[r.kept(burnin)]) for r in runs]), axis=0)
-    everyone = frozenset(taxa[1:])
     members = {everyone: []}
     for split in kept:
         members[split] = []
