@@ -369,6 +369,25 @@ def test_stop_rule_counts_perturbed_trees():
     assert ml.unsuccessful_trees(80, -10.0, -10.0 + 1e-4, 20, new_best=True) == 0
 
 
+def test_search_width_never_asks_for_more_trees_than_memory_holds(monkeypatch):
+    """The width of a round is cut to the trees whose proposals fit in the free memory: 1,000 taxa x 9,872
+    patterns asked an H200 for 151.5 GiB at the old floor of 32 trees. Small trees keep their widths."""
+    from jaxphylo.ml import _search
+
+    def width(node_bytes, num_nodes, free, backend, **settings):
+        monkeypatch.setattr(_search, "node_bytes", lambda *args: node_bytes)
+        monkeypatch.setattr(_search, "device_free_memory", lambda device: (free, 2 * free))
+        monkeypatch.setattr(jax, "default_backend", lambda: backend)
+        return _search.search_width(ml.SearchSettings(**settings), None, None, None, num_nodes)
+
+    big, small = dict(node_bytes=1 << 20, num_nodes=1999), dict(node_bytes=1 << 10, num_nodes=51)
+    assert width(**big, free=40 << 30, backend="gpu") == width(**big, free=40 << 30, backend="cpu") == 5
+    assert width(**big, free=1 << 30, backend="gpu") == 1  # one tree even when it may not fit: the run says so
+    assert width(**small, free=40 << 30, backend="gpu") == 256
+    assert width(**small, free=40 << 30, backend="cpu") == ml.SearchSettings().top
+    assert width(**big, free=40 << 30, backend="gpu", batch=7) == 7  # asked for: the user's call
+
+
 def test_candidate_set_counts_resolutions_of_a_polytomy_as_one_tree():
     """Trees that differ only on a zero-length branch are one candidate (the better kept); a tree that differs
     on a branch of positive length is another."""

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from ..data import Alignment, distances
-from ..runtime import NEVER, BlockRun, alignment_digest, place_batch
+from ..runtime import NEVER, BlockRun, alignment_digest, device_free_memory, place_batch
 from .._errors import InputError
 from ..tree import (
     Tree,
@@ -95,6 +95,9 @@ def start_batch(alignment: Alignment, start, starts: int, seed: int) -> TreeBatc
                      first.taxa)
 
 
+PROPOSAL_BUFFERS = 4  # partials per node and tree that a round's proposals may need: twice the ~2 measured
+
+
 def search_width(settings: SearchSettings, template, data, dtype, num_nodes: int) -> int:
     """Trees perturbed and climbed together in a round (`settings.batch` when set).
 
@@ -102,13 +105,19 @@ def search_width(settings: SearchSettings, template, data, dtype, num_nodes: int
     holds in `LENGTHS_BYTES` (32 to 256): the width costs little more time than one tree there.
     On the CPU, where time grows with the trees, `top`: one width for the
     start climb and the perturbation rounds, the fewest programs to compile.
+    Either is cut to the trees whose proposals fit in the memory free now (at least one).
     """
     if settings.batch:
         return settings.batch
+    partials = (num_nodes + 1) * node_bytes(template, data, dtype)
+    # Whatever the rule, no more trees than the memory holds: a perturbation round's proposals keep about two
+    # partials per node and tree (1,000 taxa x 9,872 patterns: 151.5 GiB asked for 32 trees, 4.7 GiB a tree,
+    # on a 139 GiB H200), so PROPOSAL_BUFFERS per tree of what is free now
+    fits = max(1, device_free_memory(jax.devices()[0])[0] // (PROPOSAL_BUFFERS * partials))
     if jax.default_backend() == "cpu":
-        return settings.top
-    tree_bytes = LENGTHS_BUFFERS * (num_nodes + 1) * node_bytes(template, data, dtype)
-    return int(np.clip(LENGTHS_BYTES // (2 * tree_bytes), max(32, settings.top), 256))
+        return int(min(settings.top, fits))
+    wanted = int(np.clip(LENGTHS_BYTES // (2 * LENGTHS_BUFFERS * partials), max(32, settings.top), 256))
+    return int(min(wanted, fits))
 
 
 def check_inputs(alignment: Alignment, model, start=None) -> None:
