@@ -144,8 +144,11 @@ def main(argv=None) -> int:
             result = vi(alignment, "JC", settings, seed=args.seed, out=run_folder, resume=args.resume,
                         progress=progress, stop=stop)
     except Interrupted as err:
-        print(f"stopped: {err}; continue with --resume", flush=True)
+        print(f"stopped: {err}", flush=True)
         return 75
+    except jp.JaxphyloError as err:  # nothing to resume, a run of other settings in the folder: one line
+        print(f"{out}: {err}", file=sys.stderr)
+        return 2
     total = time.perf_counter() - began
     summary = result.summary()
     report = {
