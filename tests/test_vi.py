@@ -251,6 +251,33 @@ def test_a_population_run_selects_and_resumes_to_the_same_bytes(alignment, tmp_p
         assert (tmp_path / "cut" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
 
 
+@pytest.mark.parametrize("drop", [0.0, 1e6])
+def test_a_run_returns_the_q_of_its_best_block(alignment, monkeypatch, drop):
+    """A q that a later step throws out of its mode is not what the run returns: the second block's bounds made
+    worse by 1e6, the q estimated from is the state after the first block (step 100 of 200); left as they are
+    (block means within a step's spread), the last q."""
+    from jaxphylo.inference.vi import _run
+
+    after = []
+
+    def worse_later(state, *args):
+        state, rows = real(state, *args)
+        after.append(state)
+        return state, rows - drop * (len(after) > 1)
+
+    real = _run.run_block
+    monkeypatch.setattr(_run, "run_block", worse_later)
+    settings = VISettings(steps=200, repeats=2, importance=100, tree_samples=5, population=1, **SETTINGS)
+    result = vi(alignment, "JC", settings)
+    kept = 100 if drop else 200
+    assert result.steps == 200 and result.kept_step == kept and result.summary()["kept_step"] == kept
+    if not drop:
+        return
+    first = jax.tree.leaves(eqx.filter(after[0].q, eqx.is_array))
+    assert all(np.array_equal(np.asarray(a)[0], np.asarray(b)) for a, b in
+               zip(first, jax.tree.leaves(eqx.filter(result.q, eqx.is_array))))
+
+
 def test_bad_input_is_one_line(fasta, tmp_path, capsys):
     assert run_cli(fasta, "-m", "NOSUCHMODEL", "--out", tmp_path / "a") == 2
     err = capsys.readouterr().err.strip()

@@ -71,6 +71,8 @@ def run(args) -> None:
                 resume=args.resume, progress=progress, stop=args.stop)
     summary = result.summary()
     print(f"# {result.steps} steps, {result.seconds:.1f} s of training this session")
+    if result.kept_step != result.steps:
+        print(f"# q kept from step {result.kept_step}: the end of the block with the run's highest bound")
     print(f"log ML (importance sampling, {settings.importance} particles x {settings.repeats}): "
           f"{summary['log_ml_mean']:.3f} (sd {summary['log_ml_sd']:.3f})")
     print(f"ELBO: {summary['elbo_mean']:.3f} (sd {summary['elbo_sd']:.3f})")

@@ -162,6 +162,7 @@ def main(argv=None) -> int:
                                                         "importance")},
         "calibration": calibration,
         "steps_done": result.steps,
+        "kept_step": result.kept_step,
         "training_seconds_this_session": round(result.seconds, 1),
         "total_seconds_this_session": round(total, 1),
         "elbo": [summary["elbo_mean"], summary["elbo_sd"]],

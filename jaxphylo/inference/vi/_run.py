@@ -52,8 +52,9 @@ class VIResult:
     log_ml: np.ndarray  # [repeats] importance-sampled log p(y), `importance` particles each
     elbo: np.ndarray  # [repeats]
     samples: RunSamples  # every estimating particle's tree (column: log w)
-    steps: int
+    steps: int  # steps trained
     seconds: float  # training in this session
+    kept_step: int = 0  # the step of the kept q: the end of the block where a member's mean bound was highest
 
     def split_frequencies(self) -> dict:
         """`{split: frequency under q}` (over the `repeats x importance` trees drawn from q)."""
@@ -65,7 +66,7 @@ class VIResult:
     def summary(self) -> dict:
         return {"log_ml_mean": float(np.mean(self.log_ml)), "log_ml_sd": _sd(self.log_ml),
                 "log_ml": self.log_ml.tolist(), "elbo_mean": float(np.mean(self.elbo)), "elbo_sd": _sd(self.elbo),
-                "steps": self.steps, "particles_per_estimate": self.settings.importance,
+                "steps": self.steps, "kept_step": self.kept_step, "particles_per_estimate": self.settings.importance,
                 "repeats": self.settings.repeats}
 
 
@@ -115,6 +116,13 @@ def vi(
     repeats, ELBO), `splits.tsv`, `consensus.tree`, `samples.trees` (NEXUS,
     `tree_samples` trees from q) and `trace.png`. `progress(step, bound, elbo)`
     is called after every block.
+
+    The q estimated from is the last block's member of highest mean `K`-sample bound, unless an earlier block
+    had a member whose mean bound was higher by more than one step's spread (the sd of that last member's
+    bounds over its block): then that member as it was at the end of that block. One step can throw a q out of
+    its mode for good (DS1, 16,000 steps on an H200: the best member's bound fell from -7,113 to -7,212 at
+    step 5,576 and the population never came back), and a run should not return less than it had found; a
+    difference within the noise keeps the last q (the block means' maximum is biased towards noisy winners).
     """
     settings = settings or VISettings()
     taxa = tuple(alignment.taxa)
@@ -129,15 +137,20 @@ def vi(
                    [] if folder is None else [trace_path], stop)
     trace: list = []
     scores = np.zeros(settings.population)  # every member's mean K-sample bound over the last block
+    spread = np.zeros(settings.population)  # and their sd over it
+    kept = (-np.inf, None)  # (the highest block score so far, that member's arrays): the q a run returns
     if (saved := run.open(resume)) is not None:
         state = eqx.combine(from_numpy(saved["state"], arrays), static)
         trace = [tuple(row) for row in saved["trace"]]
-        scores = saved["scores"]
+        scores, spread = saved["scores"], saved.get("spread", spread)  # (checkpoints before the kept q had none)
+        if saved.get("kept") is not None:
+            kept = (saved["kept_score"], from_numpy(saved["kept"], eqx.filter(member(state, 0), eqx.is_array)))
     elif trace_path is not None:
         trace_path.write_text("\t".join(TRACE_COLUMNS) + "\n")
 
     def payload():
-        return {"state": to_numpy(eqx.filter(state, eqx.is_array)), "trace": np.asarray(trace), "scores": scores}
+        return {"state": to_numpy(eqx.filter(state, eqx.is_array)), "trace": np.asarray(trace), "scores": scores,
+                "spread": spread, "kept_score": kept[0], "kept": None if kept[1] is None else to_numpy(kept[1])}
 
     program = program_settings(settings)
     selection_steps = {settings.steps * i // 10 for i in range(1, settings.selections + 1)} \
@@ -149,7 +162,10 @@ def vi(
         state, rows = run_block(state, target, program, np.int32(count), np.int32(settings.steps),
                                 np.int32(settings.anneal))
         rows = np.asarray(rows)[:, :count]  # [P, count, 3]
-        scores = rows[:, :, 1].mean(1)
+        scores, spread = rows[:, :, 1].mean(1), rows[:, :, 1].std(1)
+        top = _top(scores)
+        if scores[top] > kept[0]:
+            kept = (float(scores[top]), eqx.filter(member(state, top), eqx.is_array))
         best = np.argmax(rows[:, :, 1], 0)  # the trace follows, step by step, the member with the highest bound
         rows = [(first + i + 1,) + tuple(float(x) for x in rows[best[i], i]) for i in range(count)]
         trace.extend(rows)
@@ -158,22 +174,29 @@ def vi(
                 handle.writelines("\t".join(f"{x:.10g}" for x in row) + "\n" for row in rows)
         if any(first < step <= first + count for step in selection_steps):
             state, source = select(state, scores)
-            scores = scores[source]
+            scores, spread = scores[source], spread[source]
         run.save(payload)
         if progress is not None:
             progress(trace[-1][0], trace[-1][2], trace[-1][3])
     seconds = time.perf_counter() - began
-    fitted = member(state, int(np.argmax(scores)))
+    top = _top(scores)
+    lost = kept[1] is not None and kept[0] - scores[top] > spread[top]
+    fitted = eqx.combine(kept[1], eqx.partition(member(state, 0), eqx.is_array)[1]) if lost else member(state, top)
     log_ml, elbo, parents, lengths, log_w = estimate(fitted.q, target, settings,
                                                      jax.random.fold_in(jax.random.PRNGKey(seed), 1 << 20))
     samples = RunSamples()
     for k in range(len(log_w)):
         samples.add(k + 1, parents[k], lengths[k], taxa, [log_w[k]])
     result = VIResult(taxa, settings, fitted.q, np.asarray(trace, float).reshape(-1, len(TRACE_COLUMNS)), log_ml,
-                      elbo, samples, int(fitted.step), seconds)
+                      elbo, samples, int(state.step[0]), seconds, int(fitted.step))
     if folder is not None:
         _write_outputs(folder, result, parents, lengths)
     return result
+
+
+def _top(scores) -> int:
+    """The member of highest block score; a diverged one (NaN or infinite bound) never."""
+    return int(np.argmax(np.where(np.isfinite(scores), scores, -np.inf)))
 
 
 def _write_outputs(folder: Path, result: VIResult, parents, lengths) -> None:
