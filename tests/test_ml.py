@@ -294,7 +294,7 @@ def test_regraft_edges_are_those_within_the_radius(radius):
         assert edges == expected, (u, v)
 
 
-# Small settings: the default search (100 starts, 20 climbed, SPR radius up to 10) is for real data; these keep
+# Small settings: the default search (100 starts, 20 climbed, SPR radius widening from 5) is for real data; these keep
 # the tests' compilations and climbs small, with every stage of the search still run.
 SMALL = ml.SearchSettings(starts=6, top=2, batch=2, patience=4, max_radius=5)
 
@@ -367,6 +367,27 @@ def test_stop_rule_counts_perturbed_trees():
     assert rounds == 5
     assert ml.unsuccessful_trees(0, -10.0, -10.0, 128, new_best=True) >= 100
     assert ml.unsuccessful_trees(80, -10.0, -10.0 + 1e-4, 20, new_best=True) == 0
+
+
+def test_spr_radius_widens_by_five_while_a_widened_radius_gains(monkeypatch):
+    """RAxML-NG's schedule: the first radius (5) always tries 10; a radius that made an SPR move tries 5 more when
+    it finds no further one (15, 20, ...); a widened radius that made none ends the climb; `max_radius` caps it."""
+    from jaxphylo.ml import _climb
+
+    monkeypatch.setattr(_climb, "spr_step", lambda *args: (None, None, None, False))  # no regraft gains
+    tree = (np.zeros(23, np.int32), np.zeros(23), -1.0)  # 12 taxa: 23 nodes
+
+    def after_failure(radius, gained, **settings):
+        climb = _climb.Climb(*(np.zeros((2, 23)),) * 2, np.zeros(2), phase="spr", best=tree, radius=radius,
+                             gained=gained)
+        climb.step(None, ml.SearchSettings(**settings))
+        return climb.phase, climb.radius
+
+    assert after_failure(5, False) == ("spr", 10)  # the first radius
+    assert after_failure(10, False) == ("done", 10)  # widened, no move there
+    assert after_failure(10, True) == ("spr", 15) and after_failure(15, True) == ("spr", 20)
+    assert after_failure(20, True) == ("done", 20)  # 25 is past the tree's 23 nodes: no longer path
+    assert after_failure(10, True, max_radius=10) == ("done", 10)
 
 
 def test_search_width_never_asks_for_more_trees_than_memory_holds(monkeypatch):

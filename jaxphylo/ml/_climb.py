@@ -34,7 +34,7 @@ class SearchSettings:
     perturbation: float = 0.5  # fraction of internal edges a perturbation tries to swap
     epsilon: float = 1e-3  # smallest gain for which a climb takes an NNI or SPR move, and the model is re-fitted
     radius: int = 5  # first SPR regraft radius in branches; 0 turns SPR off
-    max_radius: int = 10  # SPR rounds widen the radius by 5 while it gains, up to this (RAxML-NG: 5, 10, 15, ...)
+    max_radius: int | None = None  # a cap on the widening radius (None: none; RAxML-NG's 5, 10, 15, ...)
     spr_rounds: int = 0  # SPR moves a climb applies at most (0: until none gains)
     candidates: int = 5  # best distinct trees kept for perturbation (IQ-TREE's default)
     lengths_method: str = "auto"  # branch-length optimiser during the search: "lbfgs", "newton" or "auto"
@@ -45,7 +45,7 @@ class SearchSettings:
             if int(getattr(self, name)) < 1:
                 raise InputError(f"search setting {name} must be at least 1, got {getattr(self, name)}")
         for name in ("batch", "patience", "radius", "max_radius", "spr_rounds"):
-            if int(getattr(self, name)) < 0:
+            if getattr(self, name) is not None and int(getattr(self, name)) < 0:
                 raise InputError(f"search setting {name} must not be negative, got {getattr(self, name)}")
         if self.lengths_method not in LENGTHS_METHODS:
             raise InputError(f"lengths_method must be one of {', '.join(LENGTHS_METHODS)}, not {self.lengths_method!r}")
@@ -182,18 +182,20 @@ class Climb:
     with `spr`, "spr" (the best SPRs of the batch's best tree within the
     radius) alternating with "spr-nni" (NNI rounds of the batch's width of the
     best trees SPR made, one compiled shape) while SPR improves; when it does not, the
-    radius widens by 5 up to `max_radius` (RAxML-NG's schedule), and the climb
-    ends when the widest finds nothing or after `spr_rounds` SPR moves; then
-    "done". `result()` is the climbed batch with the best tree found moved into
+    radius widens by 5 (RAxML-NG's schedule: 5, 10, 15, ...) if it is the first
+    radius or the radius made a move, so the climb ends when a widened radius
+    finds nothing (or past `max_radius`, the tree's node count, or `spr_rounds`
+    SPR moves); then "done". `result()` is the climbed batch with the best tree found moved into
     slot 0. `state()` is plain NumPy, the part of a checkpoint that holds the climb.
     """
 
     ARRAYS = ("parents", "lengths", "log_likelihoods")
 
     def __init__(self, parents, lengths, log_likelihoods, spr: bool = True, phase: str = "nni", slot: int = 0,
-                 best=None, copies=None, radius: int = 0, moves: int = 0):
+                 best=None, copies=None, radius: int = 0, moves: int = 0, gained: bool = False):
         self.batch = tuple(jnp.asarray(x) for x in (parents, lengths, log_likelihoods))
         self.spr, self.phase, self.slot, self.radius, self.moves = spr, phase, slot, radius, moves
+        self.gained = gained  # the radius made an SPR move since it was set: then a wider one is tried
         self.best = None if best is None else (jnp.asarray(best[0]), jnp.asarray(best[1]), float(best[2]))
         self.copies = None if copies is None else tuple(jnp.asarray(x) for x in copies)
 
@@ -205,11 +207,12 @@ class Climb:
         size = self.batch[0].shape[0]
         if self.phase == "spr":
             p, l, ll, improved = spr_step(*self.best, problem_of, size, settings, self.radius)
+            cap = min(settings.max_radius or self.best[0].shape[-1], self.best[0].shape[-1])  # no path is longer
             if improved:
                 self.moves += 1
-                self.copies, self.phase = (p, l, ll), "spr-nni"
-            elif self.radius + 5 <= settings.max_radius and not settings.spr_rounds:
-                self.radius += 5
+                self.copies, self.phase, self.gained = (p, l, ll), "spr-nni", True
+            elif (self.gained or self.radius == settings.radius) and self.radius + 5 <= cap and not settings.spr_rounds:
+                self.radius, self.gained = self.radius + 5, False
             else:
                 self.phase = "done"
             return
@@ -234,7 +237,7 @@ class Climb:
             on_round(self.best[2])
         more = not settings.spr_rounds or self.moves < settings.spr_rounds
         if self.phase == "nni":
-            self.radius = settings.radius
+            self.radius, self.gained = settings.radius, False
         self.phase = "spr" if self.spr and settings.radius > 0 and more else "done"
 
     def result(self):
@@ -247,7 +250,7 @@ class Climb:
         return {"parents": np.asarray(self.batch[0]), "lengths": np.asarray(self.batch[1]),
                 "log_likelihoods": np.asarray(self.batch[2]), "spr": self.spr, "phase": self.phase,
                 "slot": self.slot, "best": numpy(self.best), "copies": numpy(self.copies), "radius": self.radius,
-                "moves": self.moves}
+                "moves": self.moves, "gained": self.gained}
 
 
 DISTINCT_LENGTH = 10 * MIN_LENGTH  # a branch no longer than this is a zero-length resolution of a polytomy

@@ -21,7 +21,7 @@ For each set (GTR+G4, one fixed seed for every set, no per-set tuning):
 
 - ours: `jaxphylo.ml.search(alignment, "GTR+G4", seed=SEED)` with the default
   `SearchSettings` (IQ-TREE's regime: 100 starts, 20 climbed, candidate set
-  of 5, 100 unsuccessful perturbed trees; SPR radius 5 then 10), in this
+  of 5, 100 unsuccessful perturbed trees; SPR radius 5, 10, ... while a widened radius gains), in this
   process; its wall time includes compilation (the fixed-cost issue removes
   that), which is reported apart as `first_round_seconds` (the start stage,
   almost all compilation on a small set).
