@@ -207,7 +207,8 @@ class Climb:
         size = self.batch[0].shape[0]
         if self.phase == "spr":
             p, l, ll, improved = spr_step(*self.best, problem_of, size, settings, self.radius)
-            cap = min(settings.max_radius or self.best[0].shape[-1], self.best[0].shape[-1])  # no path is longer
+            nodes = self.best[0].shape[-1]  # no regraft path is longer
+            cap = nodes if settings.max_radius is None else min(settings.max_radius, nodes)
             if improved:
                 self.moves += 1
                 self.copies, self.phase, self.gained = (p, l, ll), "spr-nni", True

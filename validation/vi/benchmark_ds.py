@@ -97,7 +97,7 @@ def worst_split(result, folder: Path):
         return None
     reference, ours = golden_split_probabilities(golden), result.split_frequencies()
     differences = {s: abs(ours.get(s, 0.0) - reference.get(s, 0.0)) for s in set(ours) | set(reference)}
-    worst = max(differences, key=differences.get)
+    worst = max(differences, key=lambda s: (differences[s], sorted(s)))  # ties: the same split every run
     return differences[worst], {"taxa": sorted(worst), "q": ours.get(worst, 0.0), "golden": reference.get(worst, 0.0)}
 
 

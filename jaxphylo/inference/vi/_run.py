@@ -144,7 +144,7 @@ def vi(
         trace = [tuple(row) for row in saved["trace"]]
         scores, spread = saved["scores"], saved.get("spread", spread)  # (checkpoints before the kept q had none)
         if saved.get("kept") is not None:
-            kept = (saved["kept_score"], from_numpy(saved["kept"], eqx.filter(member(state, 0), eqx.is_array)))
+            kept = (saved["kept_score"], from_numpy(saved["kept"], arrays))  # a member: the population's structure
     elif trace_path is not None:
         trace_path.write_text("\t".join(TRACE_COLUMNS) + "\n")
 
@@ -181,7 +181,7 @@ def vi(
     seconds = time.perf_counter() - began
     top = _top(scores)
     lost = kept[1] is not None and kept[0] - scores[top] > spread[top]
-    fitted = eqx.combine(kept[1], eqx.partition(member(state, 0), eqx.is_array)[1]) if lost else member(state, top)
+    fitted = eqx.combine(kept[1], static) if lost else member(state, top)
     log_ml, elbo, parents, lengths, log_w = estimate(fitted.q, target, settings,
                                                      jax.random.fold_in(jax.random.PRNGKey(seed), 1 << 20))
     samples = RunSamples()
