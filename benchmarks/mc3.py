@@ -139,7 +139,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
     record = device_record("mc3")
-    record.update(cpu_count=os.cpu_count(), xla_flags=os.environ.get("XLA_FLAGS", ""))
+    record.update(cpu_count=os.cpu_count(), xla_flags=os.environ.get("XLA_FLAGS", ""),
+                  update_backend=jp.likelihood.kernels.update_backend(4))
     lines = [f"{'case':<11}{'program':<10}{'gens':>9}{'wall s':>9}{'gens/s':>9}{'ASDSF':>8}  ratio (MrBayes s / ours s)"]
     for case, max_generations in zip(args.cases, args.max_generations * len(args.cases)):
         ours_model, _ = CASES[case]

@@ -1,8 +1,8 @@
 """Incremental likelihoods (`likelihood.full_partials`, `proposed_partials`, `accept_partials`) against the full
 recomputation (`batch_pattern_log_likelihoods`), over random sequences of MC³'s tree moves (NNI, SPR, extending
 SPR and TBR, branch and tree-length multipliers, node slider; each chain its own move) accepted or rejected at
-random: DS1 under JC69 by the C++ operation-list kernel, a simulated set under GTR+G4 by the XLA loop (each
-pair compiles the moves and both likelihoods: about 20 s of CPU).
+random: DS1 under JC69 by the C++ operation-list kernel, a simulated set under GTR+G4 by the XLA loop and by the
+Pallas walk (each compiles the moves and both likelihoods: about 20 s of CPU).
 
 Tolerance: 1e-10 relative on each chain's log-likelihood in float64. The two computations run the same
 node steps on the same numbers but sum the log scale factors in another order (by node id, not by schedule
@@ -47,13 +47,17 @@ def chains(alignment, seed=0):
     return kernel_batch([jp.random_topology_tree(alignment.taxa, seed=seed + s) for s in range(CHAINS)])
 
 
-@pytest.fixture(params=["cpp", "xla"])
+@pytest.fixture(params=["cpp", "xla", "pallas"])
 def backend(request, monkeypatch):
+    """The operation-list kernel: C++, the XLA loop, or the Pallas walk (interpret mode on a CPU; the
+    full recomputation it is compared with then runs Pallas's post-order too, itself checked against XLA's)."""
     if request.param == "cpp":
         if not (kernels.cpu_wanted() and kernels.cpu.has_update()):
             pytest.skip("the C++ kernel with the operation list is not built")
     else:
         monkeypatch.setattr(kernels._choice, "cpu_wanted", lambda: False)
+    if request.param == "pallas":
+        monkeypatch.setenv(kernels.KERNEL_ENV, "pallas")
     return request.param
 
 
@@ -75,7 +79,8 @@ def kept_rows(state):
     return pick(state.partials), pick(state.log_scales)
 
 
-@pytest.mark.parametrize("name, model_string, backend", [("DS1", "JC", "cpp"), ("simulated", GTR, "xla")], indirect=["backend"])
+@pytest.mark.parametrize("name, model_string, backend", [("DS1", "JC", "cpp"), ("simulated", GTR, "xla"),
+                                                             ("simulated", GTR, "pallas")], indirect=["backend"])
 def test_incremental_matches_full_recomputation(name, model_string, backend):
     alignment, model = alignment_of(name), jp.parse_model(model_string)
     batch = chains(alignment)

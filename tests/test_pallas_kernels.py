@@ -94,6 +94,20 @@ def test_kernel_choice(monkeypatch):
         kernels.pallas_wanted(4)
 
 
+def test_update_kernel_choice(monkeypatch):
+    """The operation-list kernel: C++ on a CPU, the Pallas walk by default on a GPU for nucleotides (XLA for
+    larger state spaces, or when `JAXPHYLO_KERNEL=xla`), the XLA loop elsewhere."""
+    monkeypatch.delenv(kernels.KERNEL_ENV, raising=False)
+    monkeypatch.setattr(kernels._choice, "cpu_wanted", lambda: False)
+    assert kernels.update_backend(4) == "xla"  # a CPU without the C++ kernel
+    monkeypatch.setattr(kernels._choice.jax, "default_backend", lambda: "gpu")
+    assert [kernels.update_backend(s) for s in (4, 20, 61)] == ["pallas", "xla", "xla"]
+    monkeypatch.setenv(kernels.KERNEL_ENV, "xla")
+    assert kernels.update_backend(4) == "xla"
+    monkeypatch.setenv(kernels.KERNEL_ENV, "Pallas")
+    assert kernels.update_backend(4) == "pallas"
+
+
 def test_pallas_walk_equals_steps(monkeypatch):
     """Small trees walk every node in one launch per pass; it must give the steps' value and gradient."""
     arrays, weights, schedule = _problem(taxa=5, patterns=130, trees=1, model="HKY{2.5}+F{0.3,0.2,0.2,0.3}")

@@ -12,8 +12,9 @@ whose parent or length differs). The dirty set is found on the device by
 diffing the arrays (`dirty_nodes`: an ancestor closure by pointer doubling,
 `ceil(log2 M)` rounds), ordered deepest first (children before parents) into
 an operation list per chain, and recomputed into each dirty node's *other*
-buffer (`kernels.update_partials`: the C++ kernel on a CPU, which does no
-work for clean nodes, else an XLA loop over the longest list of the batch).
+buffer (`kernels.update_partials`: the C++ kernel on a CPU, one Pallas
+launch walking every chain's list on a GPU, both doing no work for clean
+nodes; else an XLA loop over the longest list).
 The proposal is the state with those rows written and `current` switched to
 the proposal's rows; `accept_partials` keeps the proposal's index for
 accepted chains and the old one for the others: no partials are copied, and

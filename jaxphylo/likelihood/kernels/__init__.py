@@ -11,7 +11,8 @@ The contract every backend keeps (`_xla.py` is the reference the others are test
   `P`, `pi`, `w` and the table by the pre-order pass (a `jax.custom_vjp`).
 
 Incremental post-order (`_update.py`, for samplers): partials kept by node id in two buffers, only the
-nodes of an operation list recomputed in place (`update_partials`: the C++ kernel on a CPU, else XLA).
+nodes of an operation list recomputed in place (`update_partials`: the C++ kernel on a CPU, a Pallas walk of
+every chain's list on a GPU, else an XLA loop; `update_backend` says which).
 
 Backends: `xla` (level-batched XLA ops, everywhere), `pallas` (Triton programs per level, opt-in on
 GPUs), `cpu` (the C++ XLA FFI kernel, `cpp/`). `_choice.py` chooses among them, and nothing else
@@ -26,6 +27,7 @@ from ._choice import (
     cpu_wanted as cpu_wanted,
     pallas_wanted as pallas_wanted,
     post_order_partials as post_order_partials,
+    update_backend as update_backend,
     update_partials as update_partials,
 )
 from ._preorder import (

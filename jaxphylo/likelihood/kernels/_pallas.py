@@ -41,7 +41,7 @@ from jaxtyping import Array, Float, Int
 
 from ...runtime import add_per_tree, product_precision, set_per_tree, take_per_tree
 from ...tree import Schedule
-from . import _pallas_blocks, _pallas_vectors
+from . import _pallas_blocks, _pallas_vectors, _update
 from ._pallas_blocks import padded_states
 from ._pallas_vectors import VECTOR_STATES
 from ._walk import level_loop, step_children
@@ -287,3 +287,26 @@ def _block_cotangents(call, inputs, arguments, q, schedule: Schedule, static_ste
 
     _, d = level_loop(schedule, body, (q, jnp.zeros_like(transition)), reverse=True, static_steps=static_steps)
     return d
+
+
+def update_tile(patterns: int) -> int:
+    """Patterns per program of `update_partials`: `PATTERN_TILE`, or the largest power of two in `patterns`."""
+    return min(PATTERN_TILE, 1 << (patterns.bit_length() - 1))
+
+
+def update_partials(transition, tip_codes, tip_table, partials, log_scales, buffer, children, operations, counts,
+                    root, root_frequencies, category_weights, interpret: bool | None = None):
+    """`_update.update_partials` as one launch: grid `(chains, pattern tiles)`, each program walking its chain's
+    operation list (`_pallas_vectors.update_walk`) in the samplers' own layout; nucleotides and other state
+    spaces of up to `VECTOR_STATES`. The root's `log L_c` is then read as `_update` reads it."""
+    b, _, _, c, patterns, s = partials.shape
+    num_tips, tile, interpret = tip_codes.shape[0] - 1, update_tile(patterns), _interpret(interpret)
+    tips = tip_table.astype(partials.dtype)[tip_codes]  # [N + 1, patterns, S]
+    walk = _call(_pallas_vectors.update_walk, consts=(num_tips, c, s, patterns, tile),
+                 inputs=("operations", "counts", "children", "buffer", "transition", "tips", "partials", "log_scales"),
+                 outputs=dict(partials=_shape(partials), log_scales=_shape(log_scales)), aliases={6: 0, 7: 1},
+                 grid=(b, -(-patterns // tile)), interpret=interpret, name="update_walk")
+    partials, log_scales = walk(operations.astype(jnp.int32), counts.astype(jnp.int32), children.astype(jnp.int32),
+                                buffer.astype(jnp.int32), transition, tips, partials, log_scales)
+    return partials, log_scales, _update.log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
+                                                         category_weights, num_tips)

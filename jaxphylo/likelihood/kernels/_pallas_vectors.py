@@ -10,6 +10,8 @@ rescaled in place. `_pallas.py` runs these bodies as step launches or walks.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -133,3 +135,61 @@ def pre_order_walk(consts, refs):
         return carry
 
     lax.fori_loop(0, root + 1, node, 0)
+
+
+def update_walk(consts, refs):
+    """One chain's operation list for one pattern tile (`_update.update_partials`'s node step, by node id).
+
+    Program `(b, t)` visits chain b's first `counts[b]` listed nodes in order
+    (children before parents). A child's row is read from the buffer
+    `buffer[b, row]` names (a tip's vectors from `tips [N + 1, patterns, S]`),
+    and node `v` is written to row `v - N` of its own `buffer` entry, rescaled
+    by the power of two `2^e` of its tile maximum (as `rescale_by_power_of_two`:
+    exact), with `e log 2` plus its internal children's subtree sums as its log
+    scale row. Partials keep the samplers' layout `[B, 2, I, C, patterns, S]`:
+    a state of a tile is a strided `[T]` vector, so no copy to a tiled layout is
+    ever made. A clean node costs nothing; a program reads back only rows it
+    wrote itself (the same vectors, so the same threads), so no launch
+    boundary is needed between levels. The last tile starts at `patterns - T`
+    and overlaps its neighbour: both write the same values there.
+    """
+    num_tips, num_categories, num_states, patterns, tile = consts
+    b, t = pl.program_id(0), pl.program_id(1)
+    cols = pl.ds(jnp.minimum(t * tile, patterns - tile), tile)
+
+    def node(i, carry):
+        v = refs.operations[b, i]
+        products, below = None, None
+        for k in range(2):
+            child = refs.children[b, v, k]
+            is_tip = child < num_tips
+            inner = jnp.where(is_tip, 0, child - num_tips)
+            which = refs.buffer[b, inner]
+            tip = [refs.tips[jnp.where(is_tip, child, num_tips), cols, j] for j in range(num_states)]
+            x = [[jnp.where(is_tip, tip[j], refs.partials[b, which, inner, r, cols, j]) for j in range(num_states)]
+                 for r in range(num_categories)]
+            messages = [_times(refs.transition, b, child, r, x[r]) for r in range(num_categories)]
+            products = messages if k == 0 else [[p * m for p, m in zip(ps, ms)] for ps, ms in zip(products, messages)]
+            scales = jnp.where(is_tip, 0.0, refs.log_scales[b, which, inner, cols])
+            below = scales if k == 0 else below + scales
+        exponent, inverse = _power_of_two(_tile_max(products))
+        row = v - num_tips
+        to = refs.buffer[b, row]
+        for r in range(num_categories):
+            for s in range(num_states):
+                refs.partials[b, to, row, r, cols, s] = products[r][s] * inverse
+        refs.log_scales[b, to, row, cols] = exponent.astype(below.dtype) * math.log(2.0) + below
+        return carry
+
+    lax.fori_loop(0, refs.counts[b], node, 0)
+
+
+def _power_of_two(top):
+    """`(e, 2^-e)` with `top = f 2^e`, `f` in [1/2, 1), from the bits of positive normal `top` (`jnp.frexp`
+    and `jnp.ldexp` go through `pow`, which Triton lowers in float32): exact, as `rescale_by_power_of_two`."""
+    info = jnp.finfo(top.dtype)
+    ints = jnp.int64 if info.bits == 64 else jnp.int32
+    biased = lax.shift_right_logical(lax.bitcast_convert_type(top, ints), jnp.full_like(top, info.nmant, ints))
+    exponent = (biased & (2 * info.maxexp - 1)) - (info.maxexp - 2)
+    bits = lax.shift_left(info.maxexp - 1 - exponent, jnp.full_like(exponent, info.nmant))
+    return exponent, lax.bitcast_convert_type(bits, top.dtype)
