@@ -242,3 +242,20 @@ def test_sample_free_topology_with_exponential_growth(rsv2_subset, tmp_path):
     coordinates = ModelCoordinates(jp.parse_model("JC"), frozenset())
     names = column_names("strict", "skygrid", 3, coordinates, True, precision_fixed=True)
     assert "skygrid.logPopSize3" in names and "skygrid.precision" not in names
+
+
+def test_sample_free_topology_move_weights(rsv2_subset, tmp_path, capsys):
+    """`--move-weights` changes the defaults' weights: a move weighted 0 is never proposed; a malformed item or an
+    unknown move is a one-line error."""
+    from jaxphylo import cli
+
+    common = [str(rsv2_subset / "aln.fasta"), "--clock", "strict", "--dates", str(rsv2_subset / "dates.tsv"),
+              "-m", "JC", "--chains", "1", "--warmup", "2", "--samples", "4", "--sample-every", "5", "--no-progress"]
+    assert cli.main(["sample", *common, "--move-weights", "wide_exchange=0, wilson_balding=0,hmc=6",
+                     "--out", str(tmp_path / "run")]) == 0
+    acceptance = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("# acceptance"))
+    assert "narrow_exchange" in acceptance and "wide_exchange" not in acceptance and "wilson_balding" not in acceptance
+    for bad, message in (("hmc:6", "expected NAME=WEIGHT, got 'hmc:6'"), ("hmc=x", "got 'hmc=x'"),
+                         ("spr=1", "unknown move 'spr'")):
+        assert cli.main(["sample", *common, "--move-weights", bad, "--out", str(tmp_path / "bad")]) != 0
+        assert message in capsys.readouterr().err

@@ -136,6 +136,10 @@ def _add_free_topology_options(sample) -> None:
                              "moves and HMC (default without a tree; needs --clock)")
     sample.add_argument("--sample-every", type=int, default=100,
                         help="--topology free: generations between samples (default 100)")
+    sample.add_argument("--move-weights", default=None, metavar="NAME=W,...",
+                        help="--topology free: weights changed from the defaults (narrow_exchange 30, wide_exchange "
+                             "6, subtree_slide 30, wilson_balding 6, node_height 15, root_height 3, hmc 3), e.g. "
+                             "hmc=6,wide_exchange=0")
     sample.add_argument("--skygrid-intervals", type=int, default=10, help="skygrid: population sizes (default 10)")
     sample.add_argument("--skygrid-cutoff", type=float, default=None,
                         help="skygrid: time of the last grid point (default 1.2 x the start tree's root height)")
@@ -145,6 +149,21 @@ def _add_free_topology_options(sample) -> None:
     sample.add_argument("--growth-rate-scale", type=float, default=1.0,
                         help="exponential: scale of the Laplace(0, scale) prior on the growth rate, per time unit "
                              "(default 1, BEAST's)")
+
+
+def _move_weights(text: str | None, defaults: tuple) -> tuple:
+    """`--move-weights NAME=W,...` over the default `(name, weight)` pairs (names and weights are checked by
+    `DatedSettings`)."""
+    weights = dict(defaults)
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        name, equals, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            equals = ""
+        if not equals:
+            raise JaxphyloError(f"--move-weights: expected NAME=WEIGHT, got {item!r}")
+    return tuple(weights.items())
 
 
 def _check_tree_prior_options(args, prior: str | None) -> None:
@@ -190,7 +209,7 @@ def _run_free_topology(args) -> None:
     check_dated_inputs(alignment, tip_dates, prior)  # before a dry run too
     settings = DatedSettings(chains=args.chains, generations=(args.warmup + args.samples) * args.sample_every,
                              sample_every=args.sample_every, tune=args.warmup * args.sample_every,
-                             block=args.block)
+                             block=args.block, moves=_move_weights(args.move_weights, DatedSettings().moves))
     burnin = args.warmup / (args.warmup + args.samples)
 
     def progress(generation, log_posterior):

@@ -26,7 +26,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import arviz
 import jax
 import numpy as np
 
@@ -48,6 +47,18 @@ def exact_dates(path: Path) -> Path:
     return out
 
 
+def read_dataset(folder: Path):
+    """`(alignment, tip dates)` of a data set's folder (`alignment.fasta`, `dates.tsv` read as exact years)."""
+    return jp.read_alignment(folder / "alignment.fasta"), jp.io.read_tip_dates(exact_dates(folder / "dates.tsv"))
+
+
+def summed_ess(values) -> float:
+    """ArviZ's bulk ESS of each chain's draws (`[chains, draws]`), summed over the chains (they run at once)."""
+    import arviz  # here, not above: a GPU machine without ArviZ runs moves.py, whose ESS is computed later
+
+    return float(sum(arviz.ess(np.asarray(chain)[np.newaxis], method="bulk") for chain in values))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", required=True)
@@ -65,9 +76,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    folder = args.data / args.dataset
-    alignment = jp.read_alignment(folder / "alignment.fasta")
-    dates = jp.io.read_tip_dates(exact_dates(folder / "dates.tsv"))
+    alignment, dates = read_dataset(args.data / args.dataset)
     settings = DatedSettings(chains=args.chains, generations=args.generations, sample_every=args.sample_every,
                              block=max(1, args.generations // args.sample_every // 10))
     stamps = []
@@ -88,7 +97,7 @@ def main() -> None:
               "burnin_fraction": result.burnin, "columns": {}, "ess_per_hour": {}, "ess_per_hour_without_compile": {}}
     for name in result.samples.names:
         values = result.samples.column(name, result.burnin)  # [chains, draws]
-        ess = float(sum(arviz.ess(np.asarray(chain)[np.newaxis], method="bulk") for chain in values))
+        ess = summed_ess(values)
         low, high = hpd(values.ravel())
         record["columns"][name] = {"median": float(np.median(values)), "mean": float(np.mean(values)),
                                    "sd": float(np.std(values)), "hpd_95": [low, high], "ess": ess}

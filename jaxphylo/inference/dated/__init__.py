@@ -2,6 +2,7 @@
 the least-squares start and the summaries (MCC tree, clade frequencies)."""
 
 from ._kernel import (
+    DATED_MOVES as DATED_MOVES,
     DatedPosterior as DatedPosterior,
     DatedSettings as DatedSettings,
     TimeTreePosition as TimeTreePosition,
@@ -14,6 +15,7 @@ from ._run import (
     check_dated_inputs as check_dated_inputs,
     column_names as column_names,
     dated_mcmc as dated_mcmc,
+    dated_start as dated_start,
     given_start as given_start,
 )
 from ._start import (

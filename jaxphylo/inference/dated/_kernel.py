@@ -68,8 +68,12 @@ from ..priors import (
 )
 
 DATED_MOVES = TIME_TREE_MOVES + ("hmc",)
-# BEAST 1.10's default operator weights for a time tree (uniform 30 halved: HMC moves the heights too)
-DEFAULT_DATED_MOVES = {"narrow_exchange": 15.0, "wide_exchange": 3.0, "subtree_slide": 15.0, "wilson_balding": 3.0,
+# BEAST 1.10's operator weights for a time tree with the four topology moves doubled and the uniform node height's
+# 30 halved (HMC moves the heights too). Measured on rsv2 (129 taxa, 32 chains on an H200,
+# validation/dated/results/moves): narrow exchange makes ~80% of the topology changes, and against BEAST's
+# weights with the uniform halved (15/3/15/3) doubling them raised topology ESS per minute by 28%, root-height ESS
+# per minute by 11% and generations per second by 51% (fewer of the costly HMC generations).
+DEFAULT_DATED_MOVES = {"narrow_exchange": 30.0, "wide_exchange": 6.0, "subtree_slide": 30.0, "wilson_balding": 6.0,
                        "node_height": 15.0, "root_height": 3.0, "hmc": 3.0}
 TARGET_ACCEPTANCE = 0.3
 RATE_SPREAD_PRIOR = 3.0  # Exponential(3) on the relaxed clock's log-normal sd, as `sample`'s

@@ -100,9 +100,7 @@ def dated_mcmc(
     `growth_rate_scale`: the scale of `tree_prior="exponential"`'s Laplace(0, scale) prior on the growth rate.
     """
     settings = settings or DatedSettings()
-    if clock not in CLOCKS or tree_prior not in TREE_PRIORS:
-        raise ModelError(f"clock must be one of {CLOCKS} and the tree prior one of {TREE_PRIORS}; "
-                         f"got {clock!r}, {tree_prior!r}")
+    _check_choices(clock, tree_prior)
     if skygrid_precision is not None and (tree_prior != "skygrid" or not skygrid_precision > 0):
         raise ModelError(f"a fixed skygrid precision needs tree_prior='skygrid' and a positive value; got "
                          f"{tree_prior!r}, {skygrid_precision}")
@@ -155,6 +153,28 @@ def dated_mcmc(
                          time.perf_counter() - began, burnin)
     files.finish(result)
     return result
+
+
+def dated_start(alignment: Alignment, model="HKY+G4", tip_dates=None, *, clock: str = "strict",
+                tree_prior: str = "coalescent", settings: DatedSettings | None = None, seed: int = 0,
+                precision: str = "float64"):
+    """`(posterior, state, reference)`: the posterior `dated_mcmc` samples with these arguments (its defaults for
+    the rest), every chain's first state there and the year at height 0 (None: undated), for a caller that runs
+    `build_kernel` with a driver of its own (`validation/dated/moves.py` watches what every generation's move
+    did). With `dated_mcmc`'s seed and key, such a driver follows `dated_mcmc`'s chains."""
+    _check_choices(clock, tree_prior)
+    tips, bounds, reference = _tip_heights(alignment, tip_dates)
+    _check_speciation_tips(tree_prior, bounds)
+    clock_kind = clock if reference is not None else "none"
+    posterior, state, _ = _starting_state(alignment, model, tips, bounds, reference, clock_kind, tree_prior, None,
+                                          settings or DatedSettings(), 10, None, seed, None, precision, False)
+    return posterior, state, reference
+
+
+def _check_choices(clock: str, tree_prior: str) -> None:
+    if clock not in CLOCKS or tree_prior not in TREE_PRIORS:
+        raise ModelError(f"clock must be one of {CLOCKS} and the tree prior one of {TREE_PRIORS}; "
+                         f"got {clock!r}, {tree_prior!r}")
 
 
 def _tip_heights(alignment: Alignment, tip_dates):
