@@ -12,6 +12,9 @@ Exponential(1) shape): jaxphylo's `HKY+FO+G4` with `MRBAYES_PRIORS`. MrBayes
 uses BEAGLE's CPU SSE kernel in double precision, one thread (`mb` on the
 path; on the lent GPU machines a copy travels in the git-ignored .devtools/).
 
+`--per-move`: ms per generation with each move alone (its own compiled block), the kept partials' cost of a
+generation of that move.
+
 Breakdown rows (ms per generation, all 8 chains): the whole generation; the
 moves and priors alone (`prior_only`); one batched likelihood of the 8
 proposed trees alone. Their floor: the likelihood's bytes (partials of 8 trees
@@ -83,6 +86,26 @@ def breakdown(alignment, model, priors, generations: int = 1000, runs: int = 2) 
     return out
 
 
+def per_move(alignment, model, priors, generations: int, runs: int = 2) -> dict:
+    """Milliseconds per generation (kept partials, all chains) with one move alone, for every move the defaults
+    weight (for JC69 no parameter move: it has none); each is its own compiled block."""
+    from jaxphylo.inference.mc3 import DEFAULT_MOVES
+
+    out = {}
+    for name, weight in DEFAULT_MOVES.items():
+        if weight <= 0 or (name == "parameters" and model == "JC"):
+            continue
+        settings = MC3Settings(runs=runs, chains=4, generations=generations, sample_every=100,
+                               block=max(1, generations // 100), moves={name: 1.0})
+        posterior, state, key = starting_state(alignment, model, settings, priors=priors)
+        count, tune = jnp.asarray(settings.block), jnp.asarray(settings.tune_generations)
+        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))  # compile
+        began = time.perf_counter()
+        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
+        out[name] = 1e3 * (time.perf_counter() - began) / generations
+    return out
+
+
 def ours_to_stop(alignment, model, priors, max_generations: int, block: int, seed: int) -> dict:
     settings = MC3Settings(runs=2, chains=4, generations=max_generations, sample_every=100, stop_asdsf=0.01,
                            block=block)
@@ -134,6 +157,8 @@ def main() -> None:
     parser.add_argument("--no-mrbayes", action="store_true")
     parser.add_argument("--no-run", action="store_true", help="no runs to the stop rule")
     parser.add_argument("--no-breakdown", action="store_true")
+    parser.add_argument("--per-move", type=int, nargs="*", default=None, metavar="GENERATIONS",
+                        help="also ms per generation with each move alone (GENERATIONS per case, default 1000)")
     parser.add_argument("--hmc", nargs=2, metavar=("CASE", "GENERATIONS"), default=None,
                         help="also measure the HMC move's effect on mixing on CASE (HKY+FO+G4), e.g. primates_mtDNA 20000")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -152,6 +177,14 @@ def main() -> None:
             row["breakdown"] = row["breakdowns"][args.breakdown_runs[0]]
             for runs, b in row["breakdowns"].items():
                 print(case, runs, "runs", {k: round(v, 4) for k, v in b.items()}, flush=True)
+        if args.per_move is not None:
+            counts = args.per_move or [1000]
+            row["per_move_ms"] = per_move(alignment, ours_model, priors, counts[min(args.cases.index(case),
+                                                                                len(counts) - 1)])
+            print(case, "per move, ms per generation:", {k: round(v, 4) for k, v in row["per_move_ms"].items()},
+                  flush=True)
+            lines.append(f"{case:<11}per move alone, ms per generation: "
+                         + ", ".join(f"{k} {v:.3f}" for k, v in row["per_move_ms"].items()))
         if not args.no_run:
             row["jaxphylo"] = ours_to_stop(alignment, ours_model, priors, max_generations, args.block, args.seed)
             row["mrbayes"] = None if args.no_mrbayes else mrbayes_to_stop(case, max_generations, args.seed)
