@@ -95,6 +95,25 @@ def sigterm_at_random_moment(command, low: float, high: float, **popen) -> tuple
     return stderr, delay
 
 
+def dated_simulation(num_taxa: int, root_age: float, rate: float, num_sites: int, seed: int):
+    """Tips dated over 20 years (tip 0 the latest), a random topology with its root `root_age` years back, and a
+    JC alignment at `rate` substitutions per site per year: `(alignment, tree in years, tip heights, time tree)`."""
+    from jaxphylo.inference import branch_durations, ratios_to_heights, time_tree
+
+    rng = np.random.default_rng(seed)
+    taxa = [f"t{i}" for i in range(num_taxa)]
+    topology = jp.random_topology_tree(taxa, seed=seed).topology
+    tips = np.round(rng.uniform(0, 20, len(taxa)), 2)
+    tips[0] = 0.0
+    time = time_tree(topology, tips)
+    heights = ratios_to_heights(time, jnp.asarray(root_age - time.anchors[-1]),
+                                jnp.asarray(rng.uniform(0.3, 0.7, time.num_internal - 1)))
+    tree = jp.Tree(branch_durations(time, heights), topology)
+    alignment = jp.simulate(jp.Tree(rate * tree.branch_lengths, topology), jp.parse_model("JC"), num_sites,
+                            seed=seed + 1)
+    return alignment, tree, tips, time
+
+
 def write_fasta(alignment, path: Path) -> Path:
     with open(path, "w") as handle:
         for name, sequence in zip(alignment.taxa, alignment.sequences):

@@ -9,8 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-import jaxphylo as jp
-from jaxphylo.inference import branch_durations, ratios_to_heights, time_tree
+from conftest import dated_simulation
 from jaxphylo.inference.dated import DATED_MOVES, DatedSettings, clade_masks, dated_mcmc, dated_start
 
 DATED = Path(__file__).resolve().parents[1] / "validation" / "dated"
@@ -30,16 +29,8 @@ def moves():
 def weak_data(num_sites: int = 60, seed: int = 3):
     """Eight tips over 20 years and a short JC alignment: the topology is loosely resolved, so every tree move is
     accepted now and then. Returns `(alignment, tip heights)`."""
-    rng = np.random.default_rng(seed)
-    taxa = [f"t{i}" for i in range(8)]
-    topology = jp.random_topology_tree(taxa, seed=seed).topology
-    tips = np.round(rng.uniform(0, 20, len(taxa)), 2)
-    tips[0] = 0.0
-    time = time_tree(topology, tips)
-    heights = ratios_to_heights(time, jax.numpy.asarray(40.0 - time.anchors[-1]),
-                                jax.numpy.asarray(rng.uniform(0.3, 0.7, time.num_internal - 1)))
-    lengths = 5e-3 * branch_durations(time, heights)
-    return jp.simulate(jp.Tree(lengths, topology), jp.parse_model("JC"), num_sites, seed=seed + 1), tips
+    alignment, _, tips, _ = dated_simulation(8, 40.0, 5e-3, num_sites, seed)
+    return alignment, tips
 
 
 def clades(parents, heights) -> set:

@@ -8,10 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import dated_simulation
 from numpyro.infer import MCMC, NUTS, init_to_value
 
 import jaxphylo as jp
-from jaxphylo.inference import Analysis, branch_durations, prepare, ratios_to_heights, time_tree
+from jaxphylo.inference import Analysis, prepare
 from jaxphylo.inference.dated import DatedPosterior, DatedSettings, clade_masks, dated_mcmc, init, run_block
 from jaxphylo.tree import anchors_on as node_anchors, ratio_coordinates_on as ratio_coordinates, \
     ratio_heights_on as ratio_heights, ratio_log_jacobian_on as ratio_log_jacobian
@@ -192,18 +193,7 @@ def test_ratio_coordinates_round_trip_and_log_jacobian():
 
 def _dated_data(num_sites=1500, seed=5):
     """Six tips over 20 years, root 45 years back, rate 5e-3 per year: a topology the data resolve."""
-    rng = np.random.default_rng(seed)
-    taxa = [f"t{i}" for i in range(6)]
-    topology = jp.random_topology_tree(taxa, seed=seed).topology
-    tips = np.round(rng.uniform(0, 20, len(taxa)), 2)
-    tips[0] = 0.0
-    time = time_tree(topology, tips)
-    heights = ratios_to_heights(time, jnp.asarray(45.0 - time.anchors[-1]),
-                                jnp.asarray(rng.uniform(0.3, 0.7, time.num_internal - 1)))
-    tree = jp.Tree(branch_durations(time, heights), topology)
-    alignment = jp.simulate(jp.Tree(5e-3 * tree.branch_lengths, topology), jp.parse_model("JC"), num_sites,
-                            seed=seed + 1)
-    return alignment, tree, tips, time
+    return dated_simulation(6, 45.0, 5e-3, num_sites, seed)
 
 
 def test_free_topology_posterior_agrees_with_nuts_on_the_true_topology():
