@@ -211,6 +211,21 @@ def test_a_second_identical_call_traces_nothing(tmp_path, capsys):
     assert printed[0] == printed[1]
 
 
+def test_a_second_ml_search_in_one_process_traces_nothing(tmp_path):
+    """`jaxphylo ml` run twice in one process (a notebook, a script over many genes): the second search builds
+    no jaxpr and compiles nothing; no weak type or changing static argument retraces."""
+    from conftest import write_fasta
+
+    alignment, _, _ = _simulated("m", 300, 5, 0.0)
+    argv = ["ml", str(write_fasta(alignment, tmp_path / "a.fasta")), "-m", "GTR+G4", "--seed", "1",
+            "--patience", "2", "--starts", "4"]
+    assert main(argv + ["--out", str(tmp_path / "one")]) == 0
+    with Programs() as programs:
+        assert main(argv + ["--out", str(tmp_path / "two")]) == 0
+    assert programs.traced == [] and programs.compiled == []
+    assert (tmp_path / "one.treefile").read_text() == (tmp_path / "two.treefile").read_text()
+
+
 def test_the_host_schedule_packs_and_runs_the_device_schedules_program():
     """One known tree's packed host schedule has the device (level) schedule's shapes, so the program compiled for
     one runs the other; it uses no more slots or steps, and gives the same log L and gradient (float64, to
