@@ -64,9 +64,9 @@ def update_backend(states: int) -> str:
     launch walking every chain's list, for up to `VECTOR_STATES` states on a GPU unless `JAXPHYLO_KERNEL=xla`
     (and anywhere with `JAXPHYLO_KERNEL=pallas`: interpreted on a CPU); else `xla`, a loop over the longest list.
 
-    The Pallas walk is the GPU's default here, unlike for the passes: on an H200 an MC³ generation of 8 chains
-    took 0.48 ms against the XLA loop's 0.93 on DS1 and 0.97 against 2.5 on carnivores, with the same compile
-    time (README, "Kept partials")."""
+    The Pallas walk is the GPU's default here, unlike for the passes: on an H200 a generation of 8 chains took
+    0.44 ms against the XLA loop's 0.93 on DS1 and 0.86 against 2.51 on carnivores, with the same compile time
+    (`benchmarks/incremental.py`; README, "Kept partials")."""
     if cpu_wanted() and _cpu.has_update():
         return "cpu"
     setting = kernel_setting()
