@@ -151,21 +151,6 @@ def _add_free_topology_options(sample) -> None:
                              "(default 1, BEAST's)")
 
 
-def _move_weights(text: str | None, defaults: tuple) -> tuple:
-    """`--move-weights NAME=W,...` over the default `(name, weight)` pairs (names and weights are checked by
-    `DatedSettings`)."""
-    weights = dict(defaults)
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        name, equals, value = item.partition("=")
-        try:
-            weights[name.strip()] = float(value)
-        except ValueError:
-            equals = ""
-        if not equals:
-            raise JaxphyloError(f"--move-weights: expected NAME=WEIGHT, got {item!r}")
-    return tuple(weights.items())
-
-
 def _check_tree_prior_options(args, prior: str | None) -> None:
     """`--skygrid-precision` needs the skygrid and is positive; so is `--growth-rate-scale` (`prior`: the time
     tree's prior, None for an unrooted tree)."""
@@ -193,6 +178,7 @@ def _wants_free_topology(args) -> bool:
 def _run_free_topology(args) -> None:
     import jaxphylo as jp
     from jaxphylo.inference import DatedSettings, check_dated_inputs, dated_mcmc
+    from jaxphylo.inference.base import changed_weights
 
     if args.p or args.q or args.Q:
         raise JaxphyloError("--topology free takes one model for the whole alignment (no -p/-q/-Q yet)")
@@ -209,7 +195,7 @@ def _run_free_topology(args) -> None:
     check_dated_inputs(alignment, tip_dates, prior)  # before a dry run too
     settings = DatedSettings(chains=args.chains, generations=(args.warmup + args.samples) * args.sample_every,
                              sample_every=args.sample_every, tune=args.warmup * args.sample_every,
-                             block=args.block, moves=_move_weights(args.move_weights, DatedSettings().moves))
+                             block=args.block, moves=changed_weights(DatedSettings().moves, args.move_weights))
     burnin = args.warmup / (args.warmup + args.samples)
 
     def progress(generation, log_posterior):

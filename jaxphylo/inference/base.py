@@ -30,6 +30,20 @@ def check_moves(moves: tuple, known: tuple) -> None:
         raise InputError("move weights must be non-negative and not all zero")
 
 
+def changed_weights(moves: tuple, changes: str | None) -> tuple:
+    """`(name, weight)` pairs with `NAME=W,...` changed or added (the names are checked by `check_moves`)."""
+    weights = dict(moves)
+    for item in filter(None, (part.strip() for part in (changes or "").split(","))):
+        name, equals, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            equals = ""
+        if not equals:
+            raise InputError(f"move weights: expected NAME=WEIGHT, got {item!r}")
+    return tuple(weights.items())
+
+
 def where(mask: Bool[Array, " B"], new, old):
     """`new` where the per-chain `mask` holds, else `old` (pytrees whose leaves are `[B, ...]`)."""
     return jax.tree.map(lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old)

@@ -49,7 +49,7 @@ from jaxtyping import Array, Float, Int
 from run_jaxphylo import DATA, read_dataset, summed_ess  # first: it turns float64 on
 
 import jaxphylo as jp
-from jaxphylo.inference.base import sample_blocks
+from jaxphylo.inference.base import changed_weights, sample_blocks
 from jaxphylo.inference.dated import (
     DATED_MOVES, DatedSettings, build_kernel, clade_frequencies, clade_masks, dated_start,
 )
@@ -73,11 +73,7 @@ SHORT = {"narrow_exchange": "narrow", "wide_exchange": "wide", "subtree_slide": 
 
 def move_weights(preset: str, changes: str | None) -> dict:
     """The preset's weights, with `name=weight,...` changed."""
-    weights = dict(PRESETS[preset])
-    for item in filter(None, (changes or "").split(",")):
-        name, _, weight = item.partition("=")
-        weights[name.strip()] = float(weight)
-    return weights
+    return dict(changed_weights(tuple(PRESETS[preset].items()), changes))
 
 
 def tip_codes(n: int) -> Array:
