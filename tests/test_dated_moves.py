@@ -48,8 +48,8 @@ def test_move_effects_count_what_each_generation_did(moves):
                              moves={name: 1.0 for name in DATED_MOVES})
     posterior, state, _ = dated_start(alignment, "JC", tips, settings=settings, seed=2)
     codes = moves.tip_codes(8)
-    carry, key = (state, moves.MoveEffects.start(state.position, codes)), jax.random.PRNGKey(2)
-    before = (np.asarray(state.position.parents), np.asarray(state.position.heights))
+    carry, key = (state, moves.MoveEffects.start(state.chains.position, codes)), jax.random.PRNGKey(2)
+    before = (np.asarray(state.chains.position.parents), np.asarray(state.chains.position.heights))
     for _ in range(600):
         effects = jax.tree.map(np.asarray, carry[1])
         carry, key, (parents, heights) = moves.measured_block(carry, key, posterior, settings.program(), codes,
@@ -67,10 +67,12 @@ def test_move_effects_count_what_each_generation_did(moves):
     assert all(table[name]["topology_changes"] > 0 for name in DATED_MOVES[:4])
 
 
-def test_the_measuring_driver_follows_dated_mcmc(moves):
-    """From `dated_start` with `dated_mcmc`'s seed, `sample` (tuning, blocks of its own) keeps the same trees."""
+@pytest.mark.parametrize("heats", [1, 3])
+def test_the_measuring_driver_follows_dated_mcmc(moves, heats):
+    """From `dated_start` with `dated_mcmc`'s seed, `sample` (tuning, blocks of its own) keeps the same trees, its
+    moves counted for the chains that were cold when they moved (one per run and generation)."""
     alignment, tips = weak_data()
-    settings = DatedSettings(chains=2, generations=200, sample_every=10, block=4, tune=50)
+    settings = DatedSettings(chains=2, heats=heats, generations=200, sample_every=10, block=4, tune=50)
     result = dated_mcmc(alignment, "HKY+G4", tips, settings=settings, seed=4)
     posterior, state, _ = dated_start(alignment, "HKY+G4", tips, settings=settings, seed=4)
     done = moves.sample(posterior, state, settings, 4, 50, np.inf)

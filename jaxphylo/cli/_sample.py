@@ -78,6 +78,10 @@ def run(args) -> None:
     if _wants_free_topology(args):
         _run_free_topology(args)
         return
+    free_only = (("--heats", args.heats != 1), ("--move-weights", args.move_weights))
+    if given := [name for name, value in free_only if value]:
+        raise JaxphyloError(f"{given[0]} is an option of --topology free; NUTS on a fixed topology has no moves "
+                            f"or heats")
     if args.example:
         alignment_path, tree_path = example_paths()
     else:
@@ -140,6 +144,10 @@ def _add_free_topology_options(sample) -> None:
                         help="--topology free: weights changed from the defaults (narrow_exchange 30, wide_exchange "
                              "6, subtree_slide 30, wilson_balding 6, node_height 15, root_height 3, hmc 3), e.g. "
                              "hmc=6,wide_exchange=0")
+    sample.add_argument("--heats", type=int, default=1,
+                        help="--topology free: chains per --chains run, heated as MrBayes's (beta_k = 1/(1 + T k)); "
+                             "each run's cold chain is sampled (default 1: no heating)")
+    sample.add_argument("--temperature", type=float, default=0.1, help="--topology free: T of --heats (default 0.1)")
     sample.add_argument("--skygrid-intervals", type=int, default=10, help="skygrid: population sizes (default 10)")
     sample.add_argument("--skygrid-cutoff", type=float, default=None,
                         help="skygrid: time of the last grid point (default 1.2 x the start tree's root height)")
@@ -193,7 +201,8 @@ def _run_free_topology(args) -> None:
     if args.dates or args.dates_in_names:
         tip_dates = jp.io.read_tip_dates(args.dates) if args.dates else jp.io.tip_dates_from_names(alignment.taxa)
     check_dated_inputs(alignment, tip_dates, prior)  # before a dry run too
-    settings = DatedSettings(chains=args.chains, generations=(args.warmup + args.samples) * args.sample_every,
+    settings = DatedSettings(chains=args.chains, heats=args.heats, temperature=args.temperature,
+                             generations=(args.warmup + args.samples) * args.sample_every,
                              sample_every=args.sample_every, tune=args.warmup * args.sample_every,
                              block=args.block, moves=changed_weights(DatedSettings().moves, args.move_weights))
     burnin = args.warmup / (args.warmup + args.samples)
@@ -205,7 +214,8 @@ def _run_free_topology(args) -> None:
 
     if args.dry_run:
         print(f"# {len(alignment.taxa)} taxa, {alignment.site_patterns().num_patterns} patterns; "
-              f"{settings.chains} chains x {settings.generations} generations", file=sys.stderr)
+              f"{settings.chains} chains x {settings.heats} heats x {settings.generations} generations",
+              file=sys.stderr)
         return
     result = dated_mcmc(alignment, args.model or SAMPLE_MODEL, tip_dates, clock=args.clock, tree_prior=prior,
                         tree=tree, settings=settings, skygrid_intervals=args.skygrid_intervals,

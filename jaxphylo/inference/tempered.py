@@ -35,6 +35,25 @@ def init(chains: MCMCState, runs: int, per_run: int) -> TemperedState:
     return TemperedState(chains, jnp.tile(jnp.arange(per_run), runs), swaps, swaps)
 
 
+def in_heat_order(state: TemperedState, chains: int):
+    """`pick(x)`: a leaf `[runs x chains, ...]` of the chains as `[runs, chains, ...]`, column `k` the chain at heat
+    `k` (column 0 the cold chain)."""
+    order = jnp.argsort(state.heat.reshape(-1, chains), axis=1)
+
+    def pick(x):
+        shaped = x.reshape((-1, chains) + x.shape[1:])
+        return jnp.take_along_axis(shaped, order.reshape(order.shape + (1,) * (x.ndim - 1)), axis=1)
+
+    return pick
+
+
+def cold(state: TemperedState, chains: int):
+    """`pick(x)`: the cold chain's row of a leaf `[runs x chains, ...]`, `[runs, ...]`."""
+    shaped = lambda x: x.reshape((-1, chains) + x.shape[1:])  # noqa: E731
+    first = jnp.argmin(shaped(state.heat), axis=1)
+    return lambda x: jnp.take_along_axis(shaped(x), first.reshape((-1, 1) + (1,) * (x.ndim - 1)), axis=1)[:, 0]
+
+
 def tempered(step, chains: int, temperature: float):
     """`step(key, state, beta)` of every chain at its heat, then one heat swap per run: `(key, state) -> (state,
     info)` over a `TemperedState`."""

@@ -8,15 +8,17 @@
 dates as exact years) with the move weights of `--preset` (`PRESETS`; BEAST's operator schedule is the
 reference), changed by `--moves name=weight,...` (the sampler's move names, `DATED_MOVES`; 0 turns one off, but
 HMC is the only move of the clock rate, population size and model parameters: `hmc=0` holds them at the start), for
-`--generations` or until `--seconds` of sampling have passed, whichever comes first. Its own driver runs the
+`--generations` or until `--seconds` of sampling have passed, whichever comes first; `--heats H` runs every chain as
+a run of H chains (Metropolis coupling; the cold chains are sampled). Its own driver runs the
 kernel (`build_kernel`) from `dated_mcmc`'s start and key, so the chains are the ones `dated_mcmc` would run,
 and watches every generation (`MoveEffects`); compilation is timed apart (a block of no samples first).
 Everything below leaves out the tuning phase (the first `--tune` generations, when the moves' sizes and HMC's
 mass still change); "per minute" is per minute of sampling (tuning included, compilation not). The JSON has:
 
-* per move: proposals, acceptance, the share of accepted proposals that changed the unranked rooted topology
-  (the tree's set of clades; a node-height, root-height or HMC move never does, an accepted narrow exchange
-  always does), and the mean |change of the root height| per accepted proposal and per proposal;
+* per move (the moves of chains that were cold when they moved, with `--heats`): proposals, acceptance, the share of
+  accepted proposals that changed the unranked rooted topology (the tree's set of clades; a node-height, root-height
+  or HMC move never does, an accepted narrow exchange always does), and the mean |change of the root height| per
+  accepted proposal and per proposal;
 * the root height's and the topology's series, whose ESS `summarise` computes (where ArviZ is: the GPU machine
   may lack it) with both per minute: the root height's is that of `age(root)`, its mirror image;
   the topology's is the ESS of each sample's rooted Robinson-Foulds distance (the number of clades in one tree
@@ -49,6 +51,7 @@ from jaxtyping import Array, Float, Int
 from run_jaxphylo import DATA, read_dataset, summed_ess  # first: it turns float64 on
 
 import jaxphylo as jp
+from jaxphylo.inference import tempered
 from jaxphylo.inference.base import changed_weights, sample_blocks
 from jaxphylo.inference.dated import (
     DATED_MOVES, DatedSettings, build_kernel, clade_frequencies, clade_masks, dated_start,
@@ -125,13 +128,13 @@ class MoveEffects(eqx.Module):
 
     def add(self, old, new, info, counted, codes) -> "MoveEffects":
         """One generation from position `old` to `new` (`info`: the kernel's move and accept decision), counted
-        only when `counted`. A move changed the topology (the unranked rooted tree, its set of clades) when the
-        clade codes changed; the new trees are coded only in generations where some chain's parents changed
-        (never in HMC's, nor in a height move's)."""
+        only for the chains where `counted` (`[B]`) holds. A move changed the topology (the unranked rooted tree,
+        its set of clades) when the clade codes changed; the new trees are coded only in generations where some
+        chain's parents changed (never in HMC's, nor in a height move's)."""
         clades = jax.lax.cond(jnp.any(old.parents != new.parents), lambda _: clade_codes(new.parents, codes),
                               lambda _: self.clades, None)
         reshaped = jnp.any(clades != self.clades, axis=-1)
-        chosen = jax.nn.one_hot(info.move, len(DATED_MOVES), dtype=jnp.int32) * counted
+        chosen = jax.nn.one_hot(info.move, len(DATED_MOVES), dtype=jnp.int32) * counted[:, None]
         shift = jnp.abs(jnp.max(new.heights, -1) - jnp.max(old.heights, -1))
         return MoveEffects(self.proposed + chosen, self.accepted + chosen * info.accepted[:, None],
                            self.reshaped + chosen * reshaped[:, None], self.root_shift + chosen * shift[:, None],
@@ -141,17 +144,20 @@ class MoveEffects(eqx.Module):
 @eqx.filter_jit
 def measured_block(carry, key, posterior, settings: DatedSettings, codes, count, tune):
     """`count` (<= `settings.block`, traced) samples of `sample_every` generations of the dated kernel from `carry`
-    = `(state, MoveEffects)`, each generation's effects added once `generation >= tune`: `(carry, key, samples)`,
-    the samples every chain's `(parents, heights)` `[block, B, M]`; `run_block`'s keys and so its chains."""
+    = `(state, MoveEffects)`, each generation's effects added once `generation >= tune`, for the chains that
+    were cold when they moved: `(carry, key, samples)`, the samples every run's cold chain's `(parents, heights)`
+    `[block, runs, M]`; `run_block`'s keys and so its chains."""
     step = build_kernel(posterior, settings, tune)
 
     def measured(key, carry):
         state, effects = carry
         new, info = step(key, state)
-        return (new, effects.add(state.position, new.position, info, state.generation >= tune, codes)), info
+        counted = (state.chains.generation >= tune) & (state.heat == 0)
+        return (new, effects.add(state.chains.position, new.chains.position, info, counted, codes)), info
 
     def observe(carry):
-        return carry[0].position.parents, carry[0].position.heights
+        pick = tempered.cold(carry[0], settings.heats)
+        return pick(carry[0].chains.position.parents), pick(carry[0].chains.position.heights)
 
     return sample_blocks(measured, carry, key, count, settings.block, settings.sample_every, observe)
 
@@ -160,8 +166,8 @@ def sample(posterior, state, settings: DatedSettings, seed: int, tune: int, seco
     """Blocks of samples until `settings.generations` or `seconds` of sampling: the effects, every sample's
     `parents` and `heights` (`[samples, B, M]`) and generation, the generations run and the seconds compiling
     and sampling took."""
-    codes = tip_codes((state.position.parents.shape[1] + 1) // 2)
-    carry = (state, MoveEffects.start(state.position, codes))
+    codes = tip_codes((state.chains.position.parents.shape[1] + 1) // 2)
+    carry = (state, MoveEffects.start(state.chains.position, codes))
     key, program, tune = jax.random.PRNGKey(seed), settings.program(), np.int32(tune)
     began = time.perf_counter()
     jax.block_until_ready(measured_block(carry, key, posterior, program, codes, np.int32(0), tune))  # compiles
@@ -177,7 +183,8 @@ def sample(posterior, state, settings: DatedSettings, seed: int, tune: int, seco
     effects = jax.tree.map(np.asarray, carry[1])
     return {"effects": effects, "parents": np.asarray(parents), "heights": np.asarray(heights),
             "generation": settings.sample_every * np.arange(1, len(parents) + 1),
-            "generations": int(carry[0].generation), "compile_seconds": compiled, "sampling_seconds": sampling}
+            "generations": int(carry[0].chains.generation), "compile_seconds": compiled, "sampling_seconds": sampling,
+            "swap_rates": np.asarray(carry[0].swaps_accepted) / np.maximum(np.asarray(carry[0].swaps_tried), 1)}
 
 
 def per_move(effects: MoveEffects, weights: dict) -> dict:
@@ -263,12 +270,14 @@ def environment() -> dict:
 def run(args) -> None:
     """One weight set on one data set: the JSON of the module docstring."""
     weights = move_weights(args.preset, args.moves)
-    label = args.preset + (f" ({args.moves})" if args.moves else "")
+    label = args.preset + (f" ({args.moves})" if args.moves else "") + (
+        f", {args.heats} heats at {args.temperature:g}" if args.heats > 1 else "")
     began = time.perf_counter()
     alignment, dates = read_dataset(args.data / args.dataset)
     tune = args.generations // 10 if args.tune is None else args.tune
-    settings = DatedSettings(chains=args.chains, generations=args.generations, sample_every=args.sample_every,
-                             tune=tune, block=args.block, moves=weights)
+    settings = DatedSettings(chains=args.chains, heats=args.heats, temperature=args.temperature,
+                             generations=args.generations, sample_every=args.sample_every, tune=tune, block=args.block,
+                             moves=weights)
     posterior, state, reference = dated_start(alignment, args.model, dates, clock="strict",
                                               tree_prior="coalescent", settings=settings, seed=args.seed)
     started = time.perf_counter() - began
@@ -282,6 +291,7 @@ def run(args) -> None:
     record = {"weight_set": label, "preset": args.preset, "moves": weights, **environment(),
               "settings": {"dataset": args.dataset, "taxa": len(alignment.taxa), "model": args.model,
                            "clock": "strict", "tree_prior": "constant coalescent", "chains": args.chains,
+                           "heats": args.heats, "temperature": args.temperature,
                            "generations_max": args.generations, "seconds_max": args.seconds, "tune": tune,
                            "sample_every": args.sample_every, "block": args.block, "hmc_steps": settings.hmc_steps,
                            "seed": args.seed, "precision": "float64"},
@@ -289,6 +299,7 @@ def run(args) -> None:
               "sampling_seconds": done["sampling_seconds"], "generations": done["generations"],
               "generations_per_second": done["generations"] / done["sampling_seconds"],
               "samples_per_chain": int(kept.sum()), "per_move": per_move(done["effects"], weights),
+              "swap_rates": done["swap_rates"].mean(0).tolist(),
               "root_height": {"age_mean": float(reference - roots.mean()), "age_sd": float(roots.std()),
                               "series": roots.tolist()},
               "topology": topology(parents, heights)}
@@ -321,7 +332,8 @@ def table(records: list[dict]) -> str:
     for r in records:
         moves = [r["per_move"].get(m) for m in DATED_MOVES]
         row = [r["weight_set"], "/".join(f"{r['moves'].get(m, 0):g}" for m in DATED_MOVES),
-               str(r["settings"]["chains"]), f"{r['generations_per_second']:.1f}"]
+               str(r["settings"]["chains"]) + (f" × {r['settings']['heats']}" if r["settings"].get("heats", 1) > 1
+                                               else ""), f"{r['generations_per_second']:.1f}"]
         row += ["–" if m is None else f"{m['acceptance']:.3f} / {cell(m['topology_changed_share'], 2)}" for m in moves]
         row += [f"{cell(r[k]['ess_per_minute'], 1)} ({cell(r[k]['ess_summed_per_minute'], 1)})"
                 for k in ("root_height", "topology")]
@@ -339,7 +351,9 @@ def main() -> None:
     one.add_argument("--model", default="HKY+FO+G4", help="run_jaxphylo.py's (HKY+FO+G4m: BEAST's median Gamma)")
     one.add_argument("--preset", choices=sorted(PRESETS), default="default")
     one.add_argument("--moves", help="weights changed from the preset's, e.g. node_height=30,hmc=6")
-    one.add_argument("--chains", type=int, default=4)
+    one.add_argument("--chains", type=int, default=4, help="runs, each sampled from its cold chain")
+    one.add_argument("--heats", type=int, default=1, help="chains per run, heated by 1 / (1 + T k) (1: none)")
+    one.add_argument("--temperature", type=float, default=0.1, help="T")
     one.add_argument("--generations", type=int, default=10_000, help="at most this many")
     one.add_argument("--seconds", type=float, default=None, help="stop after this much sampling (default: none)")
     one.add_argument("--tune", type=int, default=None, help="generations of tuning (default a tenth)")

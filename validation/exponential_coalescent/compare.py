@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxphylo as jp
-from jaxphylo.inference.dated import DatedPosterior, DatedSettings, clade_masks, initial_state, run_block
+from jaxphylo.inference.dated import DatedPosterior, DatedSettings, clade_masks, init, run_block
 from jaxphylo.models import ModelCoordinates
 
 jax.config.update("jax_enable_x64", True)
@@ -89,8 +89,9 @@ def ours(n0, g, chains=8, generations=240_000):
     parents = np.array([4, 4, 5, 6, 5, 6, -1])
     heights = np.array([*TIPS, 1.3, 1.8, 2.5])
     began = time.perf_counter()
-    state = initial_state(np.tile(parents, (chains, 1)), np.tile(heights, (chains, 1)), {}, posterior, settings, 1)
-    _, samples = run_block(state, posterior, settings, np.int32(3000))
+    state = init(np.tile(parents, (chains, 1)), np.tile(heights, (chains, 1)), {}, posterior)
+    _, _, samples = run_block(state, jax.random.PRNGKey(1), posterior, settings, np.int32(3000),
+                              np.int32(settings.tune_generations))
     jax.block_until_ready(samples.heights)
     seconds = time.perf_counter() - began
     kept = slice(300, None)

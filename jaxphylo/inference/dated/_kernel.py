@@ -10,7 +10,9 @@ rate), or skygrid (first log size, log precision, steps),
 Yule's birth rate (`log`) or birth–death's net diversification `lambda - mu`
 (`log`) and turnover `mu / lambda` (`logit`), and the substitution model's
 free parameters (`ModelCoordinates`); its adaptation is HMC's mass matrix), and `build_kernel` gives
-`step(key, state) -> (state, info)`, the Metropolis–Hastings kernel of `base.py` with these proposals.
+`step(key, state) -> (state, info)`, the Metropolis–Hastings kernel of `base.py` with these proposals, run by
+`tempered.py` at a ladder of heats when `DatedSettings.heats > 1` (MrBayes's Metropolis coupling: each run's cold
+chain is sampled; heats are swapped, states and partials stay).
 
 One generation either proposes a tree move for every chain (drawn per chain
 with the weights of `DatedSettings.moves`: narrow and wide exchange, subtree
@@ -58,7 +60,7 @@ from ..._errors import InputError
 from ...likelihood import accept_partials, batch_pattern_log_likelihoods
 from ...tree import anchors_on, ratio_coordinates_on, ratio_heights_on, ratio_log_jacobian_on
 from ...models import Model, ModelCoordinates, sample_model
-from .. import base
+from .. import base, tempered
 from ..base import MCMCState, Proposal, chain_keys, check_moves, draw_moves, mixture
 from ..moves import (
     HMC_START_STEP, HMC_TARGET_ACCEPTANCE, ROOT_TUNING, START_SLIDE, TIME_TREE_MOVES, TUNED, leapfrog_trajectory, propose_time_tree,
@@ -82,7 +84,9 @@ SPECIATION_PRIORS = ("yule", "birth-death")  # contemporaneous tips only (no ser
 
 @dataclass(frozen=True)
 class DatedSettings:
-    chains: int = 2
+    chains: int = 2  # independent runs, each written to its own files (their cold chains)
+    heats: int = 1  # chains per run at beta_k = 1 / (1 + temperature k), k < heats (MrBayes's nchains); 1: unheated
+    temperature: float = 0.1
     generations: int = 100_000
     sample_every: int = 100
     tune: int | None = None  # generations of tuning (default a tenth of `generations`)
@@ -94,10 +98,17 @@ class DatedSettings:
 
     def __post_init__(self):
         object.__setattr__(self, "moves", tuple(dict(self.moves).items()))
-        for name in ("chains", "generations", "sample_every", "block", "hmc_steps"):
+        for name in ("chains", "heats", "generations", "sample_every", "block", "hmc_steps"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"setting {name} must be at least 1, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise InputError(f"setting temperature must be positive, got {self.temperature}")
         check_moves(self.moves, DATED_MOVES)
+
+    @property
+    def batch(self) -> int:
+        """Chains on the device: `heats` per run, run-major."""
+        return self.chains * self.heats
 
     @property
     def tune_generations(self) -> int:
@@ -267,9 +278,12 @@ def _durations(parents, heights) -> Float[Array, "B M"]:
     return jnp.where(parents >= 0, above - heights, 0.0)
 
 
-def hmc_move(key, state: MCMCState, posterior: DatedPosterior, settings: DatedSettings, tune_generations):
+def hmc_move(key, state: MCMCState, posterior: DatedPosterior, settings: DatedSettings, tune_generations, beta=1.0):
     """Every chain's HMC proposal over node heights (ratio coordinates), sampled tip heights (logit within
     their bounds: the anchors move with them) and parameters: `(heights, params, log q, mass)`.
+
+    A chain at inverse temperature `beta` follows its own heated target, `beta log posterior + log |dh/dz|`
+    (the Jacobian is a change of coordinates, not heated), so hot chains keep HMC's acceptance.
 
     While tuning, every HMC move first adds the chain's current coordinates to
     its running variance (Welford) and sets the inverse mass to it, shrunk
@@ -293,7 +307,7 @@ def hmc_move(key, state: MCMCState, posterior: DatedPosterior, settings: DatedSe
 
     def log_target(theta):
         heights, params, log_jacobian = unpack(theta)
-        return sum(posterior.log_posteriors(at.parents, heights, params)) + log_jacobian
+        return beta * sum(posterior.log_posteriors(at.parents, heights, params)) + log_jacobian
 
     anchors = anchors_of(at.parents, at.heights[:, :n])
     z = jax.vmap(lambda p, a, h: ratio_coordinates_on(p, a, h, n))(at.parents, anchors, at.heights)
@@ -352,7 +366,7 @@ def _propose(posterior: DatedPosterior, settings: DatedSettings, tune_generation
             return TimeTreePosition(parents.astype(at.parents.dtype), heights, at.params), log_q, state.adaptation
 
         def hamiltonian(_):
-            heights, params, log_q, mass = hmc_move(k_hmc, state, posterior, settings, tune_generations)
+            heights, params, log_q, mass = hmc_move(k_hmc, state, posterior, settings, tune_generations, beta)
             return TimeTreePosition(at.parents, heights, params), log_q, mass
 
         position, log_q, mass = mixture(use_hmc, hmc_enabled, hamiltonian, tree_moves)
@@ -374,14 +388,16 @@ def _target_acceptance(column):
 
 
 def build_kernel(posterior: DatedPosterior, settings: DatedSettings, tune_generations):
-    """`step(key, state) -> (state, info)`: one generation of every chain (`base.build_kernel` with BEAST's tree
-    operators and HMC as proposals), tunings within `[1e-6, 1e6]`."""
-    return base.build_kernel(_propose(posterior, settings, tune_generations), posterior.score, _target_acceptance,
+    """`step(key, state) -> (state, info)` over a `tempered.TemperedState`: one generation of every chain
+    (`base.build_kernel` with BEAST's tree operators and HMC as proposals, tunings within `[1e-6, 1e6]`) at its
+    heat, then a heat swap in every run of `settings.heats` chains (`tempered.tempered`; none when unheated)."""
+    step = base.build_kernel(_propose(posterior, settings, tune_generations), posterior.score, _target_acceptance,
                              tune_generations, (1e-6, 1e6), posterior.keep)
+    return tempered.tempered(step, settings.heats, settings.temperature)
 
 
 class DatedSample(eqx.Module):
-    """Every chain at one sampled generation (`[B, ...]`)."""
+    """Every run's cold chain at one sampled generation (`[runs, ...]`)."""
 
     parents: jax.Array
     heights: jax.Array
@@ -392,36 +408,41 @@ class DatedSample(eqx.Module):
 
 
 @eqx.filter_jit
-def run_block(state: MCMCState, key, posterior: DatedPosterior, settings: DatedSettings, count, tune_generations):
+def run_block(state: tempered.TemperedState, key, posterior: DatedPosterior, settings: DatedSettings, count,
+              tune_generations):
     """`count` (<= `settings.block`) samples of `sample_every` generations, `count` and `tune_generations`
-    traced; returns `(state, key, the samples [block, B, ...])`."""
+    traced; returns `(state, key, the cold chains' samples [block, runs, ...])`."""
 
-    def observe(state: MCMCState) -> DatedSample:
-        at = state.position
+    def observe(state: tempered.TemperedState) -> DatedSample:
+        pick, chains = tempered.cold(state, settings.heats), state.chains
+        at = jax.tree.map(pick, chains.position)
         rates = jnp.broadcast_to(posterior.branch_rates(at.params), at.heights.shape)
-        return DatedSample(at.parents, at.heights, rates, at.params, state.log_likelihood, state.log_prior)
+        return DatedSample(at.parents, at.heights, rates, at.params, pick(chains.log_likelihood),
+                           pick(chains.log_prior))
 
     return base.sample_blocks(build_kernel(posterior, settings, tune_generations), state, key, count,
                               settings.block, settings.sample_every, observe)
 
 
-def without_partials(state: MCMCState) -> MCMCState:
+def without_partials(state: tempered.TemperedState) -> tempered.TemperedState:
     """The state a checkpoint keeps: no partials (`with_partials` computes them again, to the same bits)."""
-    return eqx.tree_at(lambda s: s.cache, state, ())
+    return eqx.tree_at(lambda s: s.chains.cache, state, ())
 
 
 @eqx.filter_jit
-def with_partials(state: MCMCState, posterior: DatedPosterior) -> MCMCState:
-    return eqx.tree_at(lambda s: s.cache, state, posterior.first_score(state.position)[2])
+def with_partials(state: tempered.TemperedState, posterior: DatedPosterior) -> tempered.TemperedState:
+    return eqx.tree_at(lambda s: s.chains.cache, state, posterior.first_score(state.chains.position)[2])
 
 
 @eqx.filter_jit  # one program: run eagerly, its operations were ~100 programs to trace and load
-def init(parents, heights, params: dict, posterior: DatedPosterior) -> MCMCState:
-    """Chains started from time trees `parents [B, M]`, `heights [B, M]` and unconstrained `params` `[B, ...]`."""
+def init(parents, heights, params: dict, posterior: DatedPosterior, heats: int = 1) -> tempered.TemperedState:
+    """Chains started from time trees `parents [B, M]`, `heights [B, M]` and unconstrained `params` `[B, ...]`,
+    run-major: `B / heats` runs of `heats` chains, heat `k` on chain `k` of every run."""
     parents, heights = jnp.asarray(parents, jnp.int32), jnp.asarray(heights, posterior.dtype)
     b = parents.shape[0]
     root_height = jnp.max(heights, axis=1) - jnp.min(heights, axis=1)
     tunings = jnp.stack([START_SLIDE * root_height, jnp.full(b, ROOT_TUNING), jnp.full(b, HMC_START_STEP)], axis=1)
     theta_like = (heights, jnp.zeros((b, posterior.free_tips.shape[0]), heights.dtype), params)
-    return base.init(TimeTreePosition(parents, heights, params), posterior.first_score,
-                     tunings.astype(posterior.dtype), _mass_start(theta_like), len(DATED_MOVES))
+    chains = base.init(TimeTreePosition(parents, heights, params), posterior.first_score,
+                       tunings.astype(posterior.dtype), _mass_start(theta_like), len(DATED_MOVES))
+    return tempered.init(chains, b // heats, heats)

@@ -43,13 +43,15 @@ CLOCKS = ("strict", "relaxed")
 
 @dataclass
 class DatedResult:
-    """What a run found: every chain's samples on the host, column names, acceptance, the MCC tree."""
+    """What a run found: every run's cold chain's samples on the host, column names, acceptance and heat swaps,
+    the MCC tree."""
 
     taxa: tuple
     samples: TimeTreeSamples
     settings: DatedSettings
     reference: float | None  # the year at height 0 (None: undated)
-    acceptance: dict
+    acceptance: dict  # move -> acceptance rate over all chains, heated ones included
+    swap_rates: np.ndarray  # [runs, heats, heats]: accepted / tried heat swaps, by heat index pair
     generations: int
     seconds: float
     burnin: float  # the fraction of every chain's samples that summaries leave out
@@ -136,20 +138,23 @@ def dated_mcmc(
     program, tune = settings.program(), np.int32(settings.tune_generations)
     began = time.perf_counter()
     while samples.count < total:
-        run.stop_point(payload, f"after {int(state.generation)} generations")
+        run.stop_point(payload, f"after {int(state.chains.generation)} generations")
         count = block_size(samples.count, total, settings.block)
         state, key, block = run_block(state, key, posterior, program, np.int32(count), tune)
-        rows = _rows(to_host(block), count, int(state.generation), settings, posterior, reference)
+        block = to_host(block)
+        rows = _rows(block, count, int(state.chains.generation), settings, posterior, reference)
         for generation, chain_rows in rows:
             samples.add(generation, chain_rows)
             files.write(generation, chain_rows)
         run.save(payload)
         if progress is not None:
-            progress(int(state.generation), np.asarray(to_host(state.log_likelihood + state.log_prior)))
+            progress(int(state.chains.generation), np.asarray(block.log_likelihood[count - 1] +
+                                                              block.log_prior[count - 1]))
     state = to_host(without_partials(state))  # the kept partials are not part of the result
-    proposed, accepted = state.proposed.sum(0), state.accepted.sum(0)
+    proposed, accepted = state.chains.proposed.sum(0), state.chains.accepted.sum(0)
     acceptance = {m: float(a / p) for m, p, a in zip(DATED_MOVES, proposed, accepted) if p > 0}
-    result = DatedResult(taxa, samples, settings, reference, acceptance, int(state.generation),
+    swap_rates = np.asarray(state.swaps_accepted) / np.maximum(np.asarray(state.swaps_tried), 1)
+    result = DatedResult(taxa, samples, settings, reference, acceptance, swap_rates, int(state.chains.generation),
                          time.perf_counter() - began, burnin)
     files.finish(result)
     return result
@@ -221,7 +226,7 @@ def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior
     root = float(heights.max() - tips.max())
     grid = tuple(float(x) for x in np.arange(1, intervals) * (cutoff or 1.2 * float(heights.max()))
                  / max(intervals - 1, 1)) if tree_prior == "skygrid" else ()  # static: Python floats
-    b = settings.chains
+    b = settings.batch
     dtype = PRECISIONS[precision]
     data = pattern_data(alignment, random_topology_tree(alignment.taxa, seed=0))  # tips in the alignment's order
     widths = phase_widths(len(alignment.taxa), max_step_width(template, data, dtype, b))
@@ -233,7 +238,8 @@ def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior
                                settings.incremental)
     hyper = _hyper_start(clock, tree_prior, rate, root, intervals, len(parents))
     hyper = {k: v for k, v in hyper.items() if k not in dict(fixed)}
-    state = init(np.tile(parents, (b, 1)), np.tile(heights, (b, 1)), _start_params(coordinates, hyper, b, dtype), posterior)
+    state = init(np.tile(parents, (b, 1)), np.tile(heights, (b, 1)), _start_params(coordinates, hyper, b, dtype),
+                 posterior, settings.heats)
     return posterior, state, column_names(clock, tree_prior, intervals, coordinates, reference is not None, bool(fixed))
 
 
@@ -384,5 +390,6 @@ class _OutputFiles:
         (self.out / "mcc.tree").write_text(nexus_trees_header(self.taxa) +
                                            f"tree TREE1 = [&R] {result.mcc_tree()};\nEnd;\n")
         summary = {"generations": result.generations, "seconds": result.seconds, "acceptance": result.acceptance,
+                   "swap_rates": result.swap_rates.tolist(),
                    "reference_year": result.reference, "burnin": result.burnin, "columns": result.summary()}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -259,9 +259,7 @@ class Sample(eqx.Module):
 
 def cold_chains(state: tempered.TemperedState, settings: MC3Settings) -> Sample:
     """The cold chain of every run."""
-    shaped = lambda x: x.reshape((-1, settings.chains) + x.shape[1:])  # noqa: E731
-    cold = jnp.argmin(shaped(state.heat), axis=1)
-    pick = lambda x: jnp.take_along_axis(shaped(x), cold.reshape((-1, 1) + (1,) * (x.ndim - 1)), axis=1)[:, 0]  # noqa
+    pick = tempered.cold(state, settings.chains)
     chains = state.chains
     at = chains.position
     parents, lengths = jax.vmap(from_view)(pick(at.up), pick(at.edge), pick(at.root))
