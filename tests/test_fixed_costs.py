@@ -298,3 +298,22 @@ def test_a_packed_schedules_one_step_phases_copy_no_partials(monkeypatch):
     finally:
         jax.clear_caches()  # later tests get the C++ kernel again
     assert per_buffer["packed"] <= per_buffer["level"] + 0.4, per_buffer
+
+
+@pytest.mark.parametrize("name, on_gpu", [("primates_mtDNA", 64), ("DS1", 32), ("carnivores", 4)])
+def test_nuts_chains_fill_a_gpu_by_the_alignments_size(name, on_gpu):
+    """`sample`'s NUTS chains when none are asked for: 4 on a CPU; on a GPU the power of two whose partials total at
+    most `GPU_CELLS`, 4 to 64. On the H200 a value and gradient of 64 chains of primates (12 x 413) took 1.8x one of 4
+    chains, 32 of DS1's (27 x 934) 1.75x; carnivores (62 x 5,565) grew in proportion from 8 chains on."""
+    from conftest import dataset
+
+    from jaxphylo.inference.nuts import GPU_CHAINS, default_chains
+    from jaxphylo.likelihood import partials_cells, pattern_data
+
+    alignment = jp.read_alignment(dataset(name) / "alignment.fasta")
+    tree = jp.bionj(jp.distances(alignment, "k2p", saturated=5.0), alignment.taxa)
+    cells = partials_cells(pattern_data(alignment, tree), tree, jp.parse_model("HKY+G4"))
+    assert default_chains(cells, "gpu") == on_gpu and default_chains(cells, "cpu") == 4
+    counts = [default_chains(2**k, "gpu") for k in range(10, 30)]
+    assert counts == sorted(counts, reverse=True) and set(counts) <= {4, 8, 16, 32, 64}
+    assert (min(counts), max(counts)) == GPU_CHAINS

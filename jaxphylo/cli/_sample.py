@@ -39,7 +39,10 @@ def add_command(commands) -> None:
     sample.add_argument("--branch-rate", type=float, default=10.0, help="rate of the exponential branch-length prior")
     sample.add_argument("--priors", choices=("default", "mrbayes"), default="default",
                         help="substitution-parameter priors (mrbayes: kappa/(1+kappa) ~ Beta(1,1))")
-    sample.add_argument("--chains", type=int, default=4)
+    sample.add_argument("--chains", type=int, default=None,
+                        help="NUTS chains (default: 4 on a CPU, one per core; on a GPU 4-64 vectorized, as many as "
+                             "the alignment's size lets run at nearly the cost of one); --topology free: independent "
+                             "runs (default 4)")
     sample.add_argument("--warmup", type=int, default=500)
     sample.add_argument("--samples", type=int, default=1000, help="draws per chain after warmup")
     sample.add_argument("--block", type=int, default=100, help="draws per chain between checkpoints")
@@ -64,13 +67,17 @@ def run(args) -> None:
     import dataclasses
     import os
 
-    if args.chains > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    from jaxphylo.inference.nuts import CPU_CHAINS  # importing starts no JAX backend
+
+    cpu_chains = args.chains or CPU_CHAINS
+    if cpu_chains > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         import numpyro  # before JAX starts its CPU backend: one CPU device per chain
 
-        numpyro.set_host_device_count(min(args.chains, os.cpu_count() or 1))
+        numpyro.set_host_device_count(min(cpu_chains, os.cpu_count() or 1))
     import jaxphylo as jp
     from jaxphylo.inference import Analysis, chunk_program, prepare, progress_printer, run_nuts, write_outputs
-    from jaxphylo.likelihood import check_start, plan
+    from jaxphylo.inference.nuts import default_chains
+    from jaxphylo.likelihood import check_start, partials_cells, plan
     from jaxphylo.likelihood import place_data
 
     if not args.example and not args.alignment:
@@ -113,6 +120,7 @@ def run(args) -> None:
         prepared = dataclasses.replace(prepared, data=place_data(prepared.data, mesh))
         print(f"# devices: mesh batch={mesh.shape['batch']} x patterns={mesh.shape['patterns']}", file=sys.stderr)
     model = prepared.substitution
+    args.chains = args.chains or default_chains(partials_cells(prepared.data, prepared.tree, model))
     plan(prepared.data, prepared.tree, model, args.precision,
          args.chains, args.dry_run, alignment.num_sites, log=lambda text: print(text, file=sys.stderr),
          program=chunk_program(prepared.model, prepared.data, prepared.init, args.chains, args.warmup))
@@ -201,7 +209,7 @@ def _run_free_topology(args) -> None:
     if args.dates or args.dates_in_names:
         tip_dates = jp.io.read_tip_dates(args.dates) if args.dates else jp.io.tip_dates_from_names(alignment.taxa)
     check_dated_inputs(alignment, tip_dates, prior)  # before a dry run too
-    settings = DatedSettings(chains=args.chains, heats=args.heats, temperature=args.temperature,
+    settings = DatedSettings(chains=args.chains or 4, heats=args.heats, temperature=args.temperature,
                              generations=(args.warmup + args.samples) * args.sample_every,
                              sample_every=args.sample_every, tune=args.warmup * args.sample_every,
                              block=args.block, moves=changed_weights(DatedSettings().moves, args.move_weights))

@@ -45,7 +45,7 @@ from ._batch import (
     search_lengths as search_lengths,
     search_template as search_template,
 )
-from ._cost import Cost as Cost, plan as plan
+from ._cost import Cost as Cost, partials_cells as partials_cells, plan as plan
 from ._derivatives import (
     branch_length_derivatives as branch_length_derivatives,
     derivatives_from_arrays as derivatives_from_arrays,

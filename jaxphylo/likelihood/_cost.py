@@ -131,12 +131,17 @@ def evaluation_cost(data, tree: Tree, model, precision: str = "float64", batch: 
     return cost
 
 
+def partials_cells(data, tree: Tree, model) -> int:
+    """One tree's partial likelihoods, in numbers: nodes x rate categories x patterns x states (a partitioned
+    model counted as its widest part on every pattern, as `plan` counts it)."""
+    data, model = _single_model_view(data, model)
+    return (2 * tree.num_tips) * category_count(model) * data.tip_codes.shape[1] * data.tip_table.shape[1]
+
+
 def rough_bytes(data, tree: Tree, model, precision: str, batch: int) -> int:
     """A quick upper bound before compiling anything: three partials buffers per tree, plus the tip data."""
-    categories = category_count(model)
     itemsize = 8 if precision == "float64" else 4
-    partials = (2 * tree.num_tips) * categories * data.tip_codes.shape[1] * data.tip_table.shape[1] * itemsize
-    return 3 * batch * partials + data.tip_codes.size * 4
+    return 3 * batch * partials_cells(data, tree, model) * itemsize + data.tip_codes.size * 4
 
 
 def _single_model_view(data, model):

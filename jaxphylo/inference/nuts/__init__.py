@@ -21,7 +21,11 @@ from ._outputs import (
 )
 from ._runner import (
     Draws as Draws,
+    CPU_CHAINS as CPU_CHAINS,
+    GPU_CELLS as GPU_CELLS,
+    GPU_CHAINS as GPU_CHAINS,
     chunk_program as chunk_program,
+    default_chains as default_chains,
     progress_printer as progress_printer,
     run_nuts as run_nuts,
 )

@@ -55,6 +55,27 @@ class Draws:
         return next(iter(self.stats.values())).shape[1] if self.stats else 0
 
 
+CPU_CHAINS = 4
+# On a GPU, vectorized chains are nearly free until their partials fill the device. Measured on an H200
+# (benchmarks/results/nuts-sweep-h200.json, HKY+G4 value and gradient of B chains at once): at 2^25 cells in all,
+# one call took at most 1.8x the 4-chain call (primates 12 x 413 patterns, 64 chains: 1.54 ms against 0.84; DS1
+# 27 x 934, 32 chains: 2.62 against 1.50), while carnivores (62 x 5,565: 2^23.4 cells a chain) grew in proportion
+# from 8 chains on. NUTS's minimum ESS per second rose with it: 239, 774 and 1,724 with 4, 16 and 64 chains on primates.
+GPU_CELLS = 2**25
+GPU_CHAINS = (4, 64)  # at least as many as on a CPU; at most 64, where the outputs start to weigh
+
+
+def default_chains(cells: int, backend: str | None = None) -> int:
+    """How many NUTS chains to run when the user does not say: 4 on a CPU (one per core, `parallel`); on a GPU the
+    largest power of two whose partials (`cells` per chain, `likelihood.partials_cells`) total at most
+    `GPU_CELLS`, within `GPU_CHAINS`, all vectorized in one program."""
+    if (backend or jax.default_backend()) == "cpu":
+        return CPU_CHAINS
+    low, high = GPU_CHAINS
+    fits = 2 ** int(np.floor(np.log2(max(GPU_CELLS // max(cells, 1), 1))))
+    return int(np.clip(fits, low, high))
+
+
 def chain_method(chains: int) -> str:
     """`parallel` (one device per chain, `pmap`) when there are enough devices on a CPU, else `vectorized` (`vmap`)."""
     if jax.default_backend() == "cpu" and jax.local_device_count() >= chains > 1:
