@@ -13,13 +13,16 @@ size (or the skygrid with the same cutoff and intervals), ucld.stdev Exponential
 sample` would read a bare year as the whole year). Every chain's log and trees
 go to `--work`; the JSON has, per log column, the median, 95% HPD and ESS
 (`arviz.ess`, bulk, per chain and summed: the chains run at once), ESS per
-hour of wall time with and without compilation, and clade frequencies. The
+hour of wall time with and without compilation, and clade frequencies. Where
+ArviZ is missing (the lent GPU machine) the JSON keeps every column's draws
+instead, and `--fill-ess --out FILE` computes the ESS later where it is. The
 summaries use the same estimators as `summarise.py` uses for BEAST's logs.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
 import tempfile
@@ -69,16 +72,22 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=200_000)
     parser.add_argument("--sample-every", type=int, default=100)
     parser.add_argument("--chains", type=int, default=4)
+    parser.add_argument("--heats", type=int, default=1, help="chains per run, Metropolis-coupled (1: none)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--median-gamma", action="store_true",
                         help="HKY+FO+G4m: BEAST 1.10's median category rates (default: HKY+FO+G4, mean rates)")
     parser.add_argument("--work", type=Path, default=None, help="folder for the run's logs and trees")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--fill-ess", action="store_true",
+                        help="compute the ESS of a record --out written where ArviZ was missing (it kept the series)")
     args = parser.parse_args()
+    if args.fill_ess:
+        args.out.write_text(json.dumps(with_ess(json.loads(args.out.read_text())), indent=1) + "\n")
+        return
 
     alignment, dates = read_dataset(args.data / args.dataset)
-    settings = DatedSettings(chains=args.chains, generations=args.generations, sample_every=args.sample_every,
-                             block=max(1, args.generations // args.sample_every // 10))
+    settings = DatedSettings(chains=args.chains, heats=args.heats, generations=args.generations,
+                             sample_every=args.sample_every, block=max(1, args.generations // args.sample_every // 10))
     stamps = []
     began = time.perf_counter()
     model = "HKY+FO+G4m" if args.median_gamma else "HKY+FO+G4"
@@ -91,18 +100,19 @@ def main() -> None:
     steady = (wall - first_block) * len(stamps) / max(len(stamps) - 1, 1)  # every block at the later blocks' pace
     record = {"program": f"jaxphylo (free topology), JAX {jax.__version__}", "dataset": args.dataset,
               "clock": args.clock, "tree_prior": args.tree_prior, "model": model, "device": str(jax.devices()[0]),
-              "platform": platform.platform(), "chains": args.chains, "generations_per_chain": args.generations,
+              "platform": platform.platform(), "chains": args.chains, "heats": args.heats,
+              "generations_per_chain": args.generations,
               "sample_every": args.sample_every, "wall_seconds": wall, "first_block_seconds": first_block,
               "steady_seconds": steady, "acceptance": result.acceptance, "reference_year": result.reference,
-              "burnin_fraction": result.burnin, "columns": {}, "ess_per_hour": {}, "ess_per_hour_without_compile": {}}
+              "burnin_fraction": result.burnin, "columns": {}, "series": {}}
     for name in result.samples.names:
         values = result.samples.column(name, result.burnin)  # [chains, draws]
-        ess = summed_ess(values)
         low, high = hpd(values.ravel())
         record["columns"][name] = {"median": float(np.median(values)), "mean": float(np.mean(values)),
-                                   "sd": float(np.std(values)), "hpd_95": [low, high], "ess": ess}
-        record["ess_per_hour"][name] = ess / wall * 3600
-        record["ess_per_hour_without_compile"][name] = ess / steady * 3600
+                                   "sd": float(np.std(values)), "hpd_95": [low, high]}
+        record["series"][name] = values.tolist()
+    if importlib.util.find_spec("arviz") is not None:
+        record = with_ess(record)
     taxa = result.taxa
     frequency = clade_frequencies(result.samples.kept_trees(result.burnin))
     everyone = (1 << len(taxa)) - 1
@@ -113,8 +123,20 @@ def main() -> None:
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     root = record["columns"]["age(root)"]
     print(f"{args.dataset} {args.clock} {args.tree_prior}: age(root) {root['median']:.2f} "
-          f"[{root['hpd_95'][0]:.2f}, {root['hpd_95'][1]:.2f}], ESS {root['ess']:.0f}, {wall:.1f} s "
-          f"({first_block:.1f} s first block), ESS/h {record['ess_per_hour']['age(root)']:.0f}")
+          f"[{root['hpd_95'][0]:.2f}, {root['hpd_95'][1]:.2f}], ESS {root.get('ess', float('nan')):.0f}, "
+          f"{wall:.1f} s ({first_block:.1f} s first block)")
+
+
+def with_ess(record: dict) -> dict:
+    """The record with every column's summed ESS and ESS per hour (with and without compilation), its series
+    dropped."""
+    record = dict(record, ess_per_hour={}, ess_per_hour_without_compile={})
+    for name, values in record.pop("series").items():
+        ess = summed_ess(values)
+        record["columns"][name]["ess"] = ess
+        record["ess_per_hour"][name] = ess / record["wall_seconds"] * 3600
+        record["ess_per_hour_without_compile"][name] = ess / record["steady_seconds"] * 3600
+    return record
 
 
 if __name__ == "__main__":
