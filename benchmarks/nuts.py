@@ -6,8 +6,8 @@
    priors, for each `--chains` count. NUTS runs warmup, then two equal sampling blocks; the first block pays for
    compilation, the second is timed, and its minimum bulk ESS over branch lengths per second
    is reported (steady), beside the minimum ESS of both blocks over the whole wall time since the start (end to
-   end: preparing, compiling, warm-up and sampling). With `--mrbayes-ngen`, MrBayes (CPU, 2 runs x 1 chain) runs on the same data
-   and priors; its ESS per second counts the post-burn-in 75% of its wall time, and its branch
+   end: preparing, compiling, warm-up and sampling). With `--mrbayes-ngen`, MrBayes (CPU, 2 runs x 1 chain) runs
+   on the same data and priors; its ESS per second counts the post-burn-in 75% of its wall time, and its branch
    lengths are matched to ours by the split they cut.
 2. With `--sweep`: one value and gradient of B chains at once (`vmap`, each chain at its own point) on each
    `--sweep-data` set, the measurement behind `jaxphylo.inference.nuts.default_chains` on a GPU.

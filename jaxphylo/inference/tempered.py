@@ -49,9 +49,8 @@ def in_heat_order(state: TemperedState, chains: int):
 
 def cold(state: TemperedState, chains: int):
     """`pick(x)`: the cold chain's row of a leaf `[runs x chains, ...]`, `[runs, ...]`."""
-    shaped = lambda x: x.reshape((-1, chains) + x.shape[1:])  # noqa: E731
-    first = jnp.argmin(shaped(state.heat), axis=1)
-    return lambda x: jnp.take_along_axis(shaped(x), first.reshape((-1, 1) + (1,) * (x.ndim - 1)), axis=1)[:, 0]
+    ordered = in_heat_order(state, chains)
+    return lambda x: ordered(x)[:, 0]
 
 
 def tempered(step, chains: int, temperature: float):

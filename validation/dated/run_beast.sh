@@ -6,6 +6,8 @@
 #   DATASET  a folder under $DATA_ROOT (default /work/shared/data) holding
 #            alignment.fasta and dates.tsv, e.g. dengue4_env or rsv2
 #   CLOCK    strict | relaxed;  PRIOR  constant | skygrid
+#   SEED     (environment, default 1) another seed writes beast/replicates/NAME-seedN.json: BEAST beside itself,
+#            the Monte-Carlo error of its own summaries (compare.py reads beast/*.json only)
 #
 # Needs: apt-get install -y beast-mcmc libhmsbeagle1v5 libjlapack-java   (see README.md)
 set -euo pipefail
@@ -14,9 +16,13 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 data_root="${DATA_ROOT:-/work/shared/data}"
 dataset="$1"; clock="$2"; prior="$3"; chain="$4"; every="$5"
 cutoff="${6:-}"; k="${7:-10}"
+seed="${SEED:-1}"
 name="${dataset}_${clock}_${prior}"
 outdir="$here/beast"; raw="$outdir/raw"
-mkdir -p "$raw"
+if [[ "$seed" != 1 ]]; then
+    name="$name-seed$seed"; outdir="$here/beast/replicates"
+fi
+mkdir -p "$raw" "$outdir"
 
 extra=()
 meta=()
@@ -44,7 +50,7 @@ fi
 
 cd "$raw"
 t0=$(date +%s.%N)
-beast-mcmc -threads 1 -seed 1 -overwrite "${beagle[@]}" "../$name.xml" > "$name.out" 2>&1
+beast-mcmc -threads 1 -seed "$seed" -overwrite "${beagle[@]}" "$outdir/$name.xml" > "$name.out" 2>&1
 t1=$(date +%s.%N)
 secs=$(python3 -c "print(round($t1 - $t0, 2))")
 echo "$name: $secs s wall" >&2
@@ -53,13 +59,13 @@ most_recent=$(python3 -c "
 import sys
 v=[float(l.split('\t')[1]) for l in list(open('$data_root/$dataset/dates.tsv'))[1:] if l.strip()]
 print(max(v))")
-cd "$outdir"   # relative paths (raw/NAME.log) in the JSON
+cd "$here/beast"   # relative paths (raw/NAME.log) in the JSON
 # summarise.py needs arviz: PYTHON=/path/to/venv/bin/python when the system python3 lacks it
 "${PYTHON:-python3}" "$here/summarise.py" "raw/$name.log" "raw/$name.trees" \
     --seconds "$secs" --chain-length "$chain" --most-recent-tip "$most_recent" \
     --meta "dataset=$dataset" --meta "clock=$clock" --meta "tree_prior=$prior" \
     --meta "program=\"BEAST 1.10.4 (Debian beast-mcmc 1.10.4+dfsg-5)\"" \
-    --meta "command=\"beast-mcmc -threads 1 -seed 1 -overwrite ${beagle[*]} $name.xml\"" \
+    --meta "command=\"beast-mcmc -threads 1 -seed $seed -overwrite ${beagle[*]} $name.xml\"" \
     --meta "beagle=\"${beagle[*]}\"" --meta "log_every=$every" \
     --meta "most_recent_tip=$most_recent" "${meta[@]}" \
     --out "$outdir/$name.json"
