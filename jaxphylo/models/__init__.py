@@ -1,7 +1,7 @@
 """Substitution models, rate variation and model strings."""
 
 from ._amino_acid import EMPIRICAL_MODELS, EmpiricalAminoAcid, empirical_matrix
-from ._base import SubstitutionModel, transition_matrices
+from ._base import Decomposed, SubstitutionModel, decomposed, transition_matrices
 from ._codon import GY94
 from ._frequencies import codon_frequencies, empirical_frequencies
 from ._model import Model, category_count
@@ -17,14 +17,15 @@ from ._parameters import (
 from ._priors import MRBAYES_PRIORS, default_priors, describe_priors, initial_values, sample_model
 from ._simulate import simulate
 from ._rates import (
-    DiscreteGamma, FreeRates, InvariantSites, RateVariation, UniformRates, discrete_gamma_rates, median_gamma_rates,
+    DiscreteGamma, FixedCategories, FreeRates, InvariantSites, RateVariation, UniformRates, discrete_gamma_rates, median_gamma_rates,
 )
 
 __all__ = [
     "Model", "category_count", "SubstitutionModel", "transition_matrices", "parse_model", "canonical_name", "model_string", "estimated_parameters",
     "JC69", "K80", "F81", "HKY85", "TN93", "GTR", "ConstrainedGTR", "NAMED_DNA_MODELS", "rate_classes",
     "EmpiricalAminoAcid", "EMPIRICAL_MODELS", "GY94",
-    "RateVariation", "UniformRates", "DiscreteGamma", "FreeRates", "InvariantSites",
+    "RateVariation", "UniformRates", "DiscreteGamma", "FreeRates", "InvariantSites", "FixedCategories",
+    "Decomposed", "decomposed",
     "empirical_frequencies", "codon_frequencies",
     "PartitionedModel", "PartsEstimated", "partitioned_model", "part_alignments", "split_alignment", "LINKS",
     "simulate", "ModelCoordinates", "unconstrain", "estimate_sets", "lengths_from_unconstrained",

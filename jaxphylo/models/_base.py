@@ -46,6 +46,49 @@ class SubstitutionModel(eqx.Module):
         sym = r * root[:, None] * root[None, :] / scale
         return sym - jnp.diag(jnp.matmul(r, pi, precision=product_precision()) / scale), root
 
+    def transitions(self, times: Float[Array, "*batch"]) -> Float[Array, "*batch states states"]:
+        """`P(t) = expm(t Q)` for every `t` in `times`."""
+        sym, root = self.symmetric_form()
+        return symmetric_exponentials(sym, times) * (root[None, :] / root[:, None])
+
+
+class Decomposed(SubstitutionModel):
+    """A substitution model at fixed parameters, its eigensystem `A = U diag(lam) U^T` computed once.
+
+    A sampler or a likelihood evaluated many times under a model that does not move (JC69, or every
+    parameter in braces) then pays for `P(t) = diag(pi)^-1/2 U diag(exp(lam t)) U^T diag(pi)^1/2` alone, not
+    for an eigendecomposition per call. No gradient reaches the model's parameters through it; one reaches `t`.
+    """
+
+    frequencies: Float[Array, " states"]
+    eigenvalues: Float[Array, " states"]
+    eigenvectors: Float[Array, "states states"]
+    alphabet: object = eqx.field(static=True)
+
+    def rate_matrix(self) -> Float[Array, "states states"]:
+        root = jnp.sqrt(self.frequencies)
+        u = self.eigenvectors
+        sym = jnp.matmul(u * self.eigenvalues, u.T, precision=product_precision())
+        return sym * (root[None, :] / root[:, None])
+
+    def exchangeabilities(self) -> Float[Array, "states states"]:
+        """`R_ij = Q_ij / pi_j` off the diagonal (at the normalised scale)."""
+        return _off_diagonal(self.rate_matrix() / self.frequencies[None, :])
+
+    def transitions(self, times: Float[Array, "*batch"]) -> Float[Array, "*batch states states"]:
+        root = jnp.sqrt(self.frequencies)
+        u = self.eigenvectors
+        exponentials = jnp.einsum("ik,...k,jk->...ij", u, jnp.exp(self.eigenvalues * times[..., None]), u,
+                                  precision=product_precision())
+        return exponentials * (root[None, :] / root[:, None])
+
+
+def decomposed(substitution: SubstitutionModel) -> Decomposed:
+    """`substitution` with its eigensystem computed now (`Decomposed`)."""
+    sym, _ = substitution.symmetric_form()
+    lam, u = _eigh(sym)
+    return Decomposed(substitution.frequencies, lam, u, substitution.alphabet)
+
 
 def _off_diagonal(m):
     return m * (1.0 - jnp.eye(m.shape[-1], dtype=m.dtype))
@@ -98,6 +141,4 @@ def transition_matrices(
     substitution: SubstitutionModel, times: Float[Array, " branches"], rates: Float[Array, " categories"]
 ) -> Float[Array, "branches categories states states"]:
     """`P[b, c] = expm(rates[c] * times[b] * Q) = diag(pi)^-1/2 expm(rates[c] times[b] A) diag(pi)^1/2`."""
-    sym, root = substitution.symmetric_form()
-    exponentials = symmetric_exponentials(sym, times[:, None] * rates[None, :])
-    return exponentials * (root[None, :] / root[:, None])
+    return substitution.transitions(times[:, None] * rates[None, :])

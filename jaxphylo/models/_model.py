@@ -6,8 +6,8 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Float
 
-from ._base import SubstitutionModel, transition_matrices
-from ._rates import RateVariation, UniformRates
+from ._base import SubstitutionModel, decomposed, transition_matrices
+from ._rates import FixedCategories, RateVariation, UniformRates
 
 
 class Model(eqx.Module):
@@ -32,6 +32,18 @@ class Model(eqx.Module):
     ) -> Float[Array, "branches categories states states"]:
         rates, _ = self.rate_categories()
         return transition_matrices(self.substitution, branch_lengths, rates)
+
+    def with_fixed_parts(self, estimated) -> "Model":
+        """The same model with what `estimated` (parameter names, `estimated_parameters`) leaves fixed computed
+        once: the eigensystem when neither frequencies nor exchangeabilities are estimated (`Decomposed`), the
+        rate categories when no rate parameter is. For a sampler that evaluates it at every step with these
+        parameters fixed; the likelihood is the same to rounding."""
+        substitution, rate_variation = self.substitution, self.rate_variation
+        if not {"frequencies", "exchangeabilities"} & set(estimated):
+            substitution = decomposed(substitution)
+        if not {"gamma_shape", "free_rates", "proportion_invariant"} & set(estimated):
+            rate_variation = FixedCategories(*self.rate_categories())
+        return Model(substitution, rate_variation)
 
 
 _CATEGORY_COUNTS: dict = {}

@@ -409,6 +409,16 @@ class FreeRates(RateVariation):
         return self.rates / jnp.sum(w * self.rates), w
 
 
+class FixedCategories(RateVariation):
+    """Rate categories computed once: a rate variation whose parameters do not move (`Model.with_fixed_parts`)."""
+
+    rates: Float[Array, " C"]
+    weights: Float[Array, " C"]
+
+    def categories(self):
+        return self.rates, self.weights
+
+
 class InvariantSites(RateVariation):
     """A proportion `proportion_invariant` of sites at rate zero, the rest following `base`."""
 

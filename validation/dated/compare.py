@@ -9,6 +9,8 @@ their Monte-Carlo standard errors (`sd / sqrt(ESS)`) and the difference in
 units of the combined error (|z| < 3 is "within Monte-Carlo error"); the
 largest difference of clade posteriors (over clades at >= 0.05 in either);
 ESS per hour of wall time for age(root) and the likelihood, and their ratio.
+A BEAST run with another seed (`beast/replicates/*.json`, `SEED=2 run_beast.sh ...`) is compared with BEAST's
+main run the same way: BEAST against itself, the Monte-Carlo error of its own clade posteriors.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ def _clades(record) -> dict:
     return {tuple(names): f for names, f in clades}
 
 
+def clade_difference(one: dict, other: dict) -> float:
+    """The largest difference of a clade's posterior between two runs (clades at >= 0.05 in either)."""
+    first, second = _clades(one), _clades(other)
+    return max(abs(first.get(c, 0.0) - second.get(c, 0.0)) for c in set(first) | set(second))
+
+
 def compare(beast: dict, ours: dict) -> dict:
     row = {"dataset": beast["dataset"], "clock": beast["clock"], "tree_prior": beast["tree_prior"],
            "ours": ours["device"], "model": ours.get("model", "HKY+FO+G4"), "parameters": {}}
@@ -45,9 +53,7 @@ def compare(beast: dict, ours: dict) -> dict:
         se_b, se_o = b["sd"] / math.sqrt(b["ess"]), o["sd"] / math.sqrt(o["ess"])
         row["parameters"][label] = {"beast": b["median"], "ours": o["median"], "beast_se": se_b, "ours_se": se_o,
                                     "z": (o["median"] - b["median"]) / math.hypot(se_b, se_o)}
-    clades_b, clades_o = _clades(beast), _clades(ours)
-    union = set(clades_b) | set(clades_o)
-    row["max_clade_difference"] = max(abs(clades_b.get(c, 0.0) - clades_o.get(c, 0.0)) for c in union)
+    row["max_clade_difference"] = clade_difference(beast, ours)
     for label, theirs, mine in (("age(root)", "age(root)", "age(root)"),
                                 ("likelihood", "likelihood", "likelihood")):
         b, o = beast["ess_per_hour"][theirs], ours["ess_per_hour"][mine]
@@ -79,6 +85,15 @@ def main() -> None:
         s = row["seconds"]
         print(f"  wall seconds   BEAST {s['beast']:.0f}   ours {s['ours']:.0f} (first block, with compilation, "
               f"{s['ours_first_block']:.0f})")
+    for path in sorted((HERE / "beast" / "replicates").glob("*.json")):
+        replicate = json.loads(path.read_text())
+        if _key(replicate) in beast:
+            difference = clade_difference(beast[_key(replicate)], replicate)
+            rows.append({"file": path.name, "dataset": replicate["dataset"], "clock": replicate["clock"],
+                         "tree_prior": replicate["tree_prior"], "seconds": replicate["wall_seconds"],
+                         "beast_against_beast_max_clade_difference": difference})
+            print(f"{path.name}: BEAST's main run against this one, largest clade posterior difference "
+                  f"{difference:.3f} ({replicate['wall_seconds']:.0f} s)")
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
 
 

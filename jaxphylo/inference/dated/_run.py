@@ -29,7 +29,7 @@ from ...runtime import NEVER, BlockRun, alignment_digest, block_size, from_numpy
 from ..._errors import InputError, ModelError
 from ...tree import Tree, phase_widths, random_topology_tree, start_heights, time_tree
 from ...likelihood import PRECISIONS, max_step_width, pattern_data
-from ...models import ModelCoordinates, describe_priors, model_record, parameter_names, resolve_model
+from ...models import Model, ModelCoordinates, describe_priors, model_record, parameter_names, resolve_model
 from ..nuts import rate_guess
 from ._kernel import (
     DATED_MOVES, DatedPosterior, DatedSettings, SPECIATION_PRIORS, init, run_block, with_partials, without_partials,
@@ -215,6 +215,8 @@ def _check_speciation_tips(tree_prior: str, bounds) -> None:
 def _starting_state(alignment, model, tips, bounds, reference, clock, tree_prior, tree, settings, intervals, cutoff,
                     seed, priors, precision, prior_only, skygrid_precision=None, growth_rate_scale=1.0):
     template, free = resolve_model(model, alignment)
+    if isinstance(template, Model):  # what stays fixed is computed once, not every generation
+        template = template.with_fixed_parts(free)
     coordinates = ModelCoordinates(template, free)
     if tree is None:  # without temporal signal, the rate that puts the root one sampling span before the tips
         fallback = rate_guess(alignment, tips, np.array([2 * np.max(tips) + 1.0]))

@@ -28,7 +28,9 @@ from ...runtime import (
 from ..._errors import InputError
 from ...tree import kernel_batch, phase_widths, random_topology_tree
 from ...likelihood import PRECISIONS, max_step_width, place_data, search_data, search_lengths, search_template
-from ...models import ModelCoordinates, PartitionedModel, describe_priors, model_record, parameter_names, resolve_model
+from ...models import (
+    Model, ModelCoordinates, PartitionedModel, describe_priors, model_record, parameter_names, resolve_model,
+)
 from ...io import nexus_trees_header
 from ._kernel import MC3Settings, MOVES, Posterior, init, next_block, with_partials, without_partials
 from ._summary import RunSamples, asdsf, consensus_newick, convergence, split_frequencies, tree_newick
@@ -152,6 +154,8 @@ def starting_state(alignment: Alignment, model, settings: MC3Settings, seed: int
         raise InputError(f"{alignment.source}: MC³ over unrooted trees needs at least 4 taxa, not {len(taxa)}")
     template, free = resolve_model(model, alignment)
     template = search_template(template)  # unlinked lengths travel with the chains, `[B, M, K]`
+    if isinstance(template, Model):  # what stays fixed is computed once, not every generation
+        template = template.with_fixed_parts(free)
     coordinates = ModelCoordinates(template, free)
     if mesh is not None:  # under jax.distributed an array must span the mesh to enter its computations
         coordinates, priors = replicate(coordinates, mesh), replicate(priors, mesh)

@@ -42,6 +42,7 @@ from ...likelihood import partitioned_data, pattern_data
 from ...models import (
     LINKS,
     MRBAYES_PRIORS,
+    Model,
     PartitionedModel,
     PartsEstimated,
     estimated_parameters,
@@ -141,6 +142,8 @@ def prepare(alignment: Alignment, tree: Tree, analysis: Analysis, tip_dates=None
     intervals and undated tips become sampled tip heights (see the module).
     """
     model, estimated = _substitution_model(alignment, analysis)
+    if isinstance(model, Model):  # what stays fixed is computed once, not at every leapfrog step
+        model = model.with_fixed_parts(estimated)
     priors = PRIOR_SETS[analysis.priors]
     init = initial_values(model, estimated)
     if analysis.clock is None:
