@@ -1,8 +1,8 @@
 """`dated_mcmc`: a time-tree analysis with the topology free, from an alignment and tip dates to BEAST's outputs.
 
 Blocks of `DatedSettings.block` samples run on the device
-(`_kernel.run_block`); between blocks the host appends every chain's
-samples to `chain{c}.log` (Tracer) and `chain{c}.trees` (NEXUS with
+(`_kernel.run_block`); between blocks the host appends every run's cold chain's
+samples (every chain's when unheated) to `chain{c}.log` (Tracer) and `chain{c}.trees` (NEXUS with
 `[&height=..., rate=...]` on every node), reports progress, writes the
 checkpoint and reads stop requests. A resumed run truncates the files to the
 checkpoint and ends with the bytes of a run that never stopped. At the end,
