@@ -73,16 +73,21 @@ def nuts_efficiency(alignment, tree, chains: int, warmup: int, samples: int) -> 
             "seconds_per_gradient": blocks[1] / float(steps.sum() / chains if method == "vectorized" else steps.sum())}
 
 
+def start_and_potential(prepared):
+    """The start in NumPyro's unconstrained coordinates and `potential(z, data)`, the potential energy with the
+    data an argument (closed over, XLA would constant-fold gathers of them)."""
+    info = initialize_model(jax.random.PRNGKey(0), prepared.model, model_args=(prepared.data,),
+                            init_strategy=init_to_value(values=prepared.init))
+    return info.param_info.z, lambda z, data: potential_energy(prepared.model, (data,), {}, z)
+
+
 def gradient_sweep(alignment, tree, chains: list[int], repeats: int) -> list[dict]:
     """Milliseconds per value and gradient of the potential energy for `B` chains at once (`vmap`, as vectorized
     NUTS chains take them), each chain at its own point: where the device's width runs out, the time starts to
     grow with `B`. `cells` is one chain's work: patterns x rate categories x states x nodes."""
     prepared = prepare(alignment, tree, Analysis("HKY+G4", priors="mrbayes"))
-    info = initialize_model(jax.random.PRNGKey(0), prepared.model, model_args=(prepared.data,),
-                            init_strategy=init_to_value(values=prepared.init))
-    z = info.param_info.z
-    value_and_grad = jax.jit(jax.vmap(jax.value_and_grad(
-        lambda p, data: potential_energy(prepared.model, (data,), {}, p)), in_axes=(0, None)))
+    z, potential = start_and_potential(prepared)
+    value_and_grad = jax.jit(jax.vmap(jax.value_and_grad(potential), in_axes=(0, None)))
     patterns = int(prepared.data.tip_codes.shape[1])
     cells = patterns * 4 * 4 * (2 * len(alignment.taxa) - 2)
     rows = []
@@ -130,11 +135,8 @@ def mrbayes_efficiency(alignment, tree, ngen: int, work: Path) -> dict:
 def transform_share(alignment, tree, tip_heights, repeats: int) -> dict:
     """Gradient of the whole potential energy against the ratio transform + log-Jacobian alone."""
     prepared = prepare(alignment, tree, Analysis("HKY+G4", clock="strict"), tip_heights)
-    info = initialize_model(jax.random.PRNGKey(0), prepared.model, model_args=(prepared.data,),
-                            init_strategy=init_to_value(values=prepared.init))
-    z = info.param_info.z
-    # the data are an argument: closed over, XLA would constant-fold gathers of them
-    full = jax.jit(jax.value_and_grad(lambda p, data: potential_energy(prepared.model, (data,), {}, p)))
+    z, potential = start_and_potential(prepared)
+    full = jax.jit(jax.value_and_grad(potential))
     transform = RatioTransform(prepared.time)
 
     def heights_part(x):

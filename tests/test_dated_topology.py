@@ -24,6 +24,19 @@ from jaxphylo.tree import anchors_on as node_anchors, ratio_coordinates_on as ra
 from jaxphylo.models import ModelCoordinates
 
 TIPS = np.array([0.0, 0.5, 1.0, 0.2])  # four tips sampled through time
+START_PARENTS = np.array([4, 4, 5, 6, 5, 6, -1])  # a rooted start on the four tips
+
+
+def serial_prior(clock: str = "none") -> DatedPosterior:
+    """The sampler's posterior with no data (prior only) on `TIPS`: the constant coalescent with N = 1."""
+    return DatedPosterior(None, ModelCoordinates(jp.parse_model("JC"), frozenset()), jnp.asarray(TIPS),
+                          jnp.zeros(0, jnp.int32), jnp.zeros((2, 0)), (), jnp.float64, len(TIPS), clock, "coalescent",
+                          population_size=1.0, prior_only=True)
+
+
+def serial_start(chains: int) -> tuple[np.ndarray, np.ndarray]:
+    """`chains` copies of a start time tree on `TIPS`: `(parents, heights)`, `[chains, 7]` each."""
+    return np.tile(START_PARENTS, (chains, 1)), np.tile([*TIPS, 1.3, 1.8, 2.5], (chains, 1))
 
 
 def serial_coalescent(tips, draws: int, seed: int = 0):
@@ -70,16 +83,12 @@ def test_tree_moves_and_hmc_recover_the_serial_coalescent(moves, generations, co
     simulation (measured 0.004-0.006), root height mean and sd within 3%. Each move set alone must be a correct
     (and irreducible) kernel, so a wrong Hastings ratio or Jacobian in any move shows: without its log K terms
     the subtree slide misses by 0.015 (0.003 with them), Wilson-Balding without its height ranges by 0.056."""
-    n, chains = 4, 8
+    chains = 8
     every = generations // 3000
     settings = DatedSettings(chains=chains, generations=generations, sample_every=every, moves=moves, block=3000,
                              tune=3000)
-    posterior = DatedPosterior(None, ModelCoordinates(jp.parse_model("JC"), frozenset()), jnp.asarray(TIPS),
-                               jnp.zeros(0, jnp.int32), jnp.zeros((2, 0)), (), jnp.float64, n, "none", "coalescent",
-                               population_size=1.0, prior_only=True)
-    parents = np.array([4, 4, 5, 6, 5, 6, -1])
-    heights = np.array([*TIPS, 1.3, 1.8, 2.5])
-    state = init(np.tile(parents, (chains, 1)), np.tile(heights, (chains, 1)), {}, posterior)
+    posterior = serial_prior()
+    state = init(*serial_start(chains), {}, posterior)
     _, _, samples = run_block(state, jax.random.PRNGKey(1), posterior, settings, np.int32(3000),
                               np.int32(settings.tune_generations))
     kept = slice(300, None)
@@ -111,18 +120,14 @@ def test_heated_dated_chains_sample_their_heated_coalescents():
     the chain holding heat `k`, whichever it is, must sample that tree distribution: every heat's topology
     frequencies within 0.015 of direct simulation (its own 40,000 draws; measured 0.005-0.010) and root-height mean
     within 4%, with heats swapped between chains. The swap rule's sign reversed misses by 0.097."""
-    n, runs, heats = 4, 4, 3
+    runs, heats = 4, 3
     generations = 45_000
     every = generations // 3000
     settings = DatedSettings(chains=runs, heats=heats, temperature=0.5, generations=generations, sample_every=every,
                              moves={"narrow_exchange": 1, "subtree_slide": 1, "root_height": 1, "hmc": 1},
                              block=3000, tune=3000)
-    posterior = DatedPosterior(None, ModelCoordinates(jp.parse_model("JC"), frozenset()), jnp.asarray(TIPS),
-                               jnp.zeros(0, jnp.int32), jnp.zeros((2, 0)), (), jnp.float64, n, "none", "coalescent",
-                               population_size=1.0, prior_only=True)
-    parents = np.array([4, 4, 5, 6, 5, 6, -1])
-    heights = np.array([*TIPS, 1.3, 1.8, 2.5])
-    state = init(np.tile(parents, (runs * heats, 1)), np.tile(heights, (runs * heats, 1)), {}, posterior, heats)
+    posterior = serial_prior()
+    state = init(*serial_start(runs * heats), {}, posterior, heats)
     step = build_kernel(posterior, settings, np.int32(settings.tune_generations))
 
     def by_heat(state):
@@ -387,16 +392,12 @@ def test_relaxed_clock_parameters_follow_their_priors():
     the node heights, with the tree moves, recovers ucld.stdev ~ Exponential(3) (mean and sd 1/3), the
     per-branch deviates' N(0, 1), and the CTMC reference prior's E[rate x tree length in time] = 1/2 (the rate
     is Gamma(1/2, tree length) given the tree)."""
-    n, m, chains = 4, 7, 8
+    m, chains = 7, 8
     settings = DatedSettings(chains=chains, generations=30_000, sample_every=10, block=3000, tune=3000)
-    posterior = DatedPosterior(None, ModelCoordinates(jp.parse_model("JC"), frozenset()), jnp.asarray(TIPS),
-                               jnp.zeros(0, jnp.int32), jnp.zeros((2, 0)), (), jnp.float64, n, "relaxed",
-                               "coalescent", population_size=1.0, prior_only=True)
+    posterior = serial_prior("relaxed")
     params = {"model": {}, "log_clock_rate": jnp.zeros(chains), "log_rate_spread": jnp.full(chains, -1.0),
               "rate_z": jnp.zeros((chains, m))}
-    parents = np.array([4, 4, 5, 6, 5, 6, -1])
-    heights = np.array([*TIPS, 1.3, 1.8, 2.5])
-    state = init(np.tile(parents, (chains, 1)), np.tile(heights, (chains, 1)), params, posterior)
+    state = init(*serial_start(chains), params, posterior)
     _, _, samples = run_block(state, jax.random.PRNGKey(3), posterior, settings, np.int32(3000),
                               np.int32(settings.tune_generations))
     kept = slice(300, None)

@@ -17,7 +17,8 @@ from ._parameters import (
 from ._priors import MRBAYES_PRIORS, default_priors, describe_priors, initial_values, sample_model
 from ._simulate import simulate
 from ._rates import (
-    DiscreteGamma, FixedCategories, FreeRates, InvariantSites, RateVariation, UniformRates, discrete_gamma_rates, median_gamma_rates,
+    DiscreteGamma, FixedCategories, FreeRates, InvariantSites, RateVariation, UniformRates, discrete_gamma_rates,
+    median_gamma_rates,
 )
 
 __all__ = [

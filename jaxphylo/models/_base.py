@@ -49,7 +49,7 @@ class SubstitutionModel(eqx.Module):
     def transitions(self, times: Float[Array, "*batch"]) -> Float[Array, "*batch states states"]:
         """`P(t) = expm(t Q)` for every `t` in `times`."""
         sym, root = self.symmetric_form()
-        return symmetric_exponentials(sym, times) * (root[None, :] / root[:, None])
+        return _unsymmetrised(symmetric_exponentials(sym, times), root)
 
 
 class Decomposed(SubstitutionModel):
@@ -66,21 +66,15 @@ class Decomposed(SubstitutionModel):
     alphabet: object = eqx.field(static=True)
 
     def rate_matrix(self) -> Float[Array, "states states"]:
-        root = jnp.sqrt(self.frequencies)
-        u = self.eigenvectors
-        sym = jnp.matmul(u * self.eigenvalues, u.T, precision=product_precision())
-        return sym * (root[None, :] / root[:, None])
+        return _unsymmetrised(_rotated(self.eigenvectors, self.eigenvalues), jnp.sqrt(self.frequencies))
 
     def exchangeabilities(self) -> Float[Array, "states states"]:
         """`R_ij = Q_ij / pi_j` off the diagonal (at the normalised scale)."""
         return _off_diagonal(self.rate_matrix() / self.frequencies[None, :])
 
     def transitions(self, times: Float[Array, "*batch"]) -> Float[Array, "*batch states states"]:
-        root = jnp.sqrt(self.frequencies)
-        u = self.eigenvectors
-        exponentials = jnp.einsum("ik,...k,jk->...ij", u, jnp.exp(self.eigenvalues * times[..., None]), u,
-                                  precision=product_precision())
-        return exponentials * (root[None, :] / root[:, None])
+        exponentials = _rotated(self.eigenvectors, jnp.exp(self.eigenvalues * times[..., None]))
+        return _unsymmetrised(exponentials, jnp.sqrt(self.frequencies))
 
 
 def decomposed(substitution: SubstitutionModel) -> Decomposed:
@@ -88,6 +82,16 @@ def decomposed(substitution: SubstitutionModel) -> Decomposed:
     sym, _ = substitution.symmetric_form()
     lam, u = _eigh(sym)
     return Decomposed(substitution.frequencies, lam, u, substitution.alphabet)
+
+
+def _rotated(u, diagonal: Float[Array, "*batch states"]) -> Float[Array, "*batch states states"]:
+    """`U diag(d) U^T` for every row `d` of `diagonal`."""
+    return jnp.einsum("ik,...k,jk->...ij", u, diagonal, u, precision=product_precision())
+
+
+def _unsymmetrised(m, root):
+    """`diag(pi)^-1/2 M diag(pi)^1/2` (`root = sqrt(pi)`): from the symmetric form back to `Q`'s basis."""
+    return m * (root[None, :] / root[:, None])
 
 
 def _off_diagonal(m):
@@ -118,7 +122,7 @@ def symmetric_exponentials(
     `lam_i - lam_j` and gives NaN for JC69, K80, F81 and equal-frequency models.
     """
     lam, u = _eigh(sym)
-    return jnp.einsum("ik,...k,jk->...ij", u, jnp.exp(lam * times[..., None]), u, precision=product_precision())
+    return _rotated(u, jnp.exp(lam * times[..., None]))
 
 
 @symmetric_exponentials.defjvp
@@ -133,8 +137,8 @@ def _symmetric_exponentials_jvp(primals, tangents):
     rotated = jnp.einsum("ki,kl,lj->ij", u, 0.5 * (d_sym + d_sym.T), u, precision=product_precision())
     decay = jnp.exp(lam * times[..., None])
     d_out = jnp.einsum("ik,...kl,jl->...ij", u, divided * rotated, u, precision=product_precision())
-    d_out += jnp.einsum("ik,...k,jk->...ij", u, lam * decay * d_times[..., None], u, precision=product_precision())
-    return jnp.einsum("ik,...k,jk->...ij", u, decay, u, precision=product_precision()), d_out
+    d_out += _rotated(u, lam * decay * d_times[..., None])
+    return _rotated(u, decay), d_out
 
 
 def transition_matrices(

@@ -10,6 +10,10 @@ from ._base import SubstitutionModel, decomposed, transition_matrices
 from ._rates import FixedCategories, RateVariation, UniformRates
 
 
+SUBSTITUTION_PARAMETERS = frozenset({"frequencies", "exchangeabilities"})  # what a model's eigensystem depends on
+RATE_PARAMETERS = frozenset({"gamma_shape", "free_rates", "proportion_invariant"})  # what its rate categories do
+
+
 class Model(eqx.Module):
     """What the likelihood needs from a model: `P` for every branch and category, `pi`, weights."""
 
@@ -39,9 +43,9 @@ class Model(eqx.Module):
         rate categories when no rate parameter is. For a sampler that evaluates it at every step with these
         parameters fixed; the likelihood is the same to rounding."""
         substitution, rate_variation = self.substitution, self.rate_variation
-        if not {"frequencies", "exchangeabilities"} & set(estimated):
+        if not SUBSTITUTION_PARAMETERS & set(estimated):
             substitution = decomposed(substitution)
-        if not {"gamma_shape", "free_rates", "proportion_invariant"} & set(estimated):
+        if not RATE_PARAMETERS & set(estimated):
             rate_variation = FixedCategories(*self.rate_categories())
         return Model(substitution, rate_variation)
 

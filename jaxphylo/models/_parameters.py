@@ -32,14 +32,14 @@ from ..data import Alignment
 from .._errors import ModelError
 from ._parse import estimated_parameters, parse_model
 from ._priors import initial_values, sample_model
-from ._model import Model
+from ._model import RATE_PARAMETERS, SUBSTITUTION_PARAMETERS, Model
 from ._nucleotide import ConstrainedGTR, GTR, JC69, K80, NAMED_DNA_MODELS
 from ._partitioned import PartitionedModel, PartsEstimated
 from ._rates import FreeRates, InvariantSites
 
 MIN_LENGTH, MAX_LENGTH = 1e-6, 10.0
 SECOND_SHAPE_START = 0.5
-PARAMETER_GROUPS = frozenset({"frequencies", "exchangeabilities", "proportion_invariant", "gamma_shape", "free_rates"})
+PARAMETER_GROUPS = SUBSTITUTION_PARAMETERS | RATE_PARAMETERS
 
 
 def lengths_from_unconstrained(u: Float[Array, "*B M"]) -> Float[Array, "*B M"]:
