@@ -25,10 +25,12 @@ from jaxphylo.likelihood import (
     full_partials,
     kernels,
     max_step_width,
+    operation_lists,
     pattern_data,
     proposed_partials,
+    spectral_arrays,
 )
-from jaxphylo.tree import from_view, kernel_batch, phase_widths, to_view
+from jaxphylo.tree import from_view, kernel_batch, kernel_children, phase_widths, to_view
 
 CHAINS = 4
 STEPS = 12
@@ -47,17 +49,20 @@ def chains(alignment, seed=0):
     return kernel_batch([jp.random_topology_tree(alignment.taxa, seed=seed + s) for s in range(CHAINS)])
 
 
-@pytest.fixture(params=["cpp", "xla", "pallas"])
+@pytest.fixture(params=["cpp", "xla", "pallas", "levels"])
 def backend(request, monkeypatch):
-    """The operation-list kernel: C++, the XLA loop, or the Pallas walk (interpret mode on a CPU; the
-    full recomputation it is compared with then runs Pallas's post-order too, itself checked against XLA's)."""
+    """The operation-list kernel: C++, the XLA loop, the Pallas walk or a Pallas launch per dirty level
+    (interpret mode on a CPU; the full recomputation it is compared with then runs Pallas's post-order too,
+    itself checked against XLA's)."""
     if request.param == "cpp":
         if not (kernels.cpu_wanted() and kernels.cpu.has_update()):
             pytest.skip("the C++ kernel with the operation list is not built")
     else:
         monkeypatch.setattr(kernels._choice, "cpu_wanted", lambda: False)
-    if request.param == "pallas":
+    if request.param in ("pallas", "levels"):
         monkeypatch.setenv(kernels.KERNEL_ENV, "pallas")
+        monkeypatch.setenv(kernels.UPDATE_ENV, "walk" if request.param == "pallas" else "levels")
+        assert kernels.update_backend(4) == request.param
     return request.param
 
 
@@ -79,8 +84,9 @@ def kept_rows(state):
     return pick(state.partials), pick(state.log_scales)
 
 
-@pytest.mark.parametrize("name, model_string, backend", [("DS1", "JC", "cpp"), ("simulated", GTR, "xla"),
-                                                             ("simulated", GTR, "pallas")], indirect=["backend"])
+@pytest.mark.parametrize("name, model_string, backend",
+                         [("DS1", "JC", "cpp"), ("simulated", GTR, "xla"), ("simulated", GTR, "pallas"),
+                          ("simulated", GTR, "levels")], indirect=["backend"])
 def test_incremental_matches_full_recomputation(name, model_string, backend):
     alignment, model = alignment_of(name), jp.parse_model(model_string)
     batch = chains(alignment)
@@ -148,6 +154,34 @@ def test_model_changes_and_per_tree_models(backend):
     assert np.all(np.asarray(proposal.computed)[np.asarray(moved)] == len(alignment.taxa) - 1)
 
 
+def test_level_table_orders_every_listed_node_once_after_its_children():
+    """A launch per level (`kernels.update_levels`): every listed node in exactly one launch, after the launches
+    of its listed children, at most `width` per chain and launch; checked on the operation lists of random
+    trees where a chain recomputes every node, a path, or nothing."""
+    alignment = alignment_of("simulated")
+    batch = chains(alignment, seed=11)
+    parents, lengths = batch.parents, batch.branch_lengths
+    num_tips = len(alignment.taxa)
+    new_parents, new_lengths = proposals(parents, lengths, jax.random.PRNGKey(4), num_tips)
+    new_lengths = new_lengths.at[3].set(lengths[3])  # the last chain: nothing changed
+    new_parents = new_parents.at[3].set(parents[3])
+    dirty = dirty_nodes(new_parents, new_lengths, parents, lengths, jnp.array([True, False, False, False]))
+    operations, counts, depths = operation_lists(new_parents, dirty)
+    for width in (1, 2, 3):
+        table, launches = kernels.update_level_table(operations, counts, depths, width)
+        table, launches = np.asarray(table), int(launches)
+        assert np.all(table[launches:] == -1)
+        children = np.asarray(jax.vmap(kernel_children)(new_parents))
+        for b in range(CHAINS):
+            listed = list(np.asarray(operations[b, : counts[b]]))
+            at = {int(v): launch for launch in range(launches) for v in table[launch, b] if v >= 0}
+            assert sorted(at) == sorted(int(v) for v in listed)
+            assert max(np.sum(table[:launches, b] >= 0, axis=1)) <= width
+            for v in listed:
+                assert all(at[v] > at[c] for c in children[b, v] if c in at)
+    assert int(counts[0]) == num_tips - 1 and int(counts[3]) == 0
+
+
 def test_dirty_set_of_one_length_change_is_the_path_to_the_root():
     """A branch-length change above node v dirties v's parent and its ancestors, nothing else."""
     parents = jnp.array([[4, 4, 5, 6, 5, 6, -1]])  # ((0,1)4,2)5,3)6
@@ -176,3 +210,52 @@ def test_a_generation_updates_the_buffers_in_place():
     for buffers in (state.partials, state.log_scales):
         shape = ",".join(str(d) for d in buffers.shape)
         assert not [line for line in text.splitlines() if f"[{shape}]" in line and " copy(" in line]
+
+
+def test_length_generations_in_one_launch_equal_one_generation_at_a_time():
+    """tgMC³'s fused kernel (`kernels.length_generations`: G branch-multiplier generations per chain in one
+    launch, interpreted on a CPU) against the same generations one at a time with every node recomputed
+    (`batch_pattern_log_likelihoods`), from the same draws: the same accept decisions, lengths bit for bit,
+    log L within 1e-10 relative, and kept partials that give it; heated chains and +G4 under GTR."""
+    alignment, model = alignment_of("simulated"), jp.parse_model(GTR)
+    batch = chains(alignment, seed=5)
+    data, dtype = pattern_data(alignment, batch), jnp.float64
+    widths = phase_widths(len(alignment.taxa), max_step_width(model, data, dtype, CHAINS))
+    parents, lengths = batch.parents, batch.branch_lengths
+    b, m = parents.shape
+    generations, rate = 6, 10.0
+    weights = jnp.asarray(data.weights)
+    full = lambda x: batch_pattern_log_likelihoods(model, parents, x, data, widths, dtype) @ weights  # noqa: E731
+    k_edge, k_m, k_u = jax.random.split(jax.random.PRNGKey(8), 3)
+    edges = jax.random.choice(k_edge, jnp.flatnonzero(parents[0] >= 0), (b, generations))  # any non-root node
+    log_m = 2 * np.log(2) * (jax.random.uniform(k_m, (b, generations)) - 0.5)
+    log_u = jnp.log(jax.random.uniform(k_u, (b, generations)))
+    beta = jnp.array([1.0, 1 / 1.1, 1 / 1.2, 1 / 1.3])
+
+    state, per_pattern = full_partials(model, parents, lengths, data, dtype)
+    out = kernels.length_generations(
+        *spectral_arrays(model, dtype, batch=b), data.tip_codes, data.tip_table, data.weights, parents,
+        jax.vmap(kernel_children)(parents), lengths, state.partials, state.log_scales, state.current,
+        per_pattern @ weights, beta, edges, log_m, log_u, rate, interpret=True)
+    new_lengths, partials, log_scales, buffer, log_likelihood, accepted = out
+
+    expected, current, count = lengths, full(lengths), np.zeros(b, int)
+    for g in range(generations):
+        rows = jnp.arange(b)
+        proposed = expected.at[rows, edges[:, g]].multiply(jnp.exp(log_m[:, g]))
+        value = full(proposed)
+        ratio = beta * (value - current - rate * (proposed[rows, edges[:, g]] - expected[rows, edges[:, g]])) \
+            + log_m[:, g]
+        accept = log_u[:, g] < ratio
+        expected = jnp.where(accept[:, None], proposed, expected)
+        current = jnp.where(accept, value, current)
+        count += np.asarray(accept)
+    np.testing.assert_array_equal(accepted, count)
+    assert 0 < count.sum() < b * generations
+    np.testing.assert_array_equal(new_lengths, expected)
+    np.testing.assert_allclose(log_likelihood, current, rtol=1e-10)
+    root = jnp.argmin(parents, axis=1)
+    kept = kernels.update_log_likelihoods(partials, log_scales, buffer.astype(jnp.int32), root,
+                                          jnp.broadcast_to(model.substitution.frequencies, (b, 4)),
+                                          jnp.broadcast_to(model.rate_categories()[1], (b, 4)), len(alignment.taxa))
+    np.testing.assert_allclose(kept @ weights, current, rtol=1e-10)

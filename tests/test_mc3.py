@@ -286,3 +286,31 @@ def test_incremental_chains_follow_the_full_recomputation(five_taxa):
     (a,), (b,) = (r.runs for r in runs)
     assert a.splits == b.splits and runs[0].acceptance == runs[1].acceptance
     np.testing.assert_allclose(np.asarray(a.columns)[:, 0], np.asarray(b.columns)[:, 0], rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_length_blocks_recover_the_prior(fused, monkeypatch):
+    """`length_block`: after every generation, 4 branch-multiplier generations per chain, in one launch of the
+    fused kernel (`kernels.length_generations`, interpreted on a CPU: fused=True) or one at a time (the
+    fallback); on an alignment of missing data (log L = 0 for every tree, so the kept partials are used and
+    the target is the prior): tree length ~ Gamma(7, 10) and uniform topologies, as for every move. The other
+    move is NNI alone, so only the blocks move the lengths."""
+    from jaxphylo.likelihood import kernels
+
+    monkeypatch.setattr(kernels, "fuses_generations", lambda states: fused)
+    simulated = jp.simulate(jp.random_topology_tree(TAXA, seed=1), jp.parse_model("JC"), 20, seed=1)
+    alignment = jp.Alignment(TAXA, ("N" * 20,) * 5, simulated.alphabet)
+    settings = MC3Settings(runs=16, chains=1, generations=5 * 2000, sample_every=5, tune=0, block=500,
+                           moves={"nni": 1}, length_block=4)
+    result = mc3(alignment, "JC", settings=settings, seed=3)
+    counts = {}
+    for run in result.runs:
+        for sample in run.splits:
+            counts[frozenset(sample)] = counts.get(frozenset(sample), 0) + 1
+    frequencies = np.array(list(counts.values())) / sum(counts.values())
+    assert len(frequencies) == 15 and np.max(np.abs(frequencies - 1 / 15)) < 0.015, frequencies
+    lengths = np.concatenate([np.asarray(run.columns)[:, 2] for run in result.runs])
+    assert lengths.mean() == pytest.approx(0.7, rel=0.05)
+    assert lengths.var() == pytest.approx(0.07, rel=0.15)
+    np.testing.assert_allclose(np.asarray([run.columns for run in result.runs])[..., 0], 0.0, atol=1e-10)
+    assert 0.3 < result.acceptance["branch_multiplier"] < 0.9  # the blocks' generations, counted as the move's

@@ -106,6 +106,11 @@ def test_update_kernel_choice(monkeypatch):
     assert kernels.update_backend(4) == "xla"
     monkeypatch.setenv(kernels.KERNEL_ENV, "Pallas")
     assert kernels.update_backend(4) == "pallas"
+    monkeypatch.setenv(kernels.UPDATE_ENV, "levels")
+    assert [kernels.update_backend(s) for s in (4, 20)] == ["levels", "xla"]
+    monkeypatch.setenv(kernels.UPDATE_ENV, "level")
+    with pytest.raises(jp.InputError, match="JAXPHYLO_UPDATE='level'"):
+        kernels.update_backend(4)
 
 
 def test_pallas_walk_equals_steps(monkeypatch):

@@ -36,6 +36,7 @@ from ._arrays import (
     kernel_arrays as kernel_arrays,
     layout_lengths as layout_lengths,
     model_arrays as model_arrays,
+    spectral_arrays as spectral_arrays,
     pattern_bucket as pattern_bucket,
     pattern_data as pattern_data,
 )

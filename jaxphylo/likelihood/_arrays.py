@@ -11,7 +11,7 @@ from jaxtyping import Array, Float, Int
 
 from ..data import Alignment
 from .._errors import InputError, ModelError
-from ..models import Model
+from ..models import Decomposed, Model, decomposed
 from ..tree import Schedule, Tree, TreeBatch
 
 PRECISIONS = {"float64": jnp.float64, "float32": jnp.float32}
@@ -137,6 +137,24 @@ def model_arrays(model: Model, layout_lengths: Float[Array, "B ids"], dtype, per
         jnp.broadcast_to(model.frequencies.astype(dtype), (batch,) + model.frequencies.shape),
         jnp.broadcast_to(weights.astype(dtype), (batch,) + weights.shape),
     )
+
+
+def spectral_arrays(model: Model, dtype, per_tree_models: bool = False, batch: int = 1):
+    """The model as a kernel that forms `P` itself takes it: `(left [B, S, S], values [B, S], right [B, S, S],
+    rates [B, C], w [B, C], pi [B, S])` with `P_r(t) = left diag(exp(values rates_r t)) right` (from the
+    symmetric form `A = U diag(lam) U^T`: `left = diag(pi)^-1/2 U`, `right = U^T diag(pi)^1/2`). A model
+    without a per-tree axis is broadcast to `batch` trees."""
+    if per_tree_models:
+        return jax.vmap(lambda m: tuple(x[0] for x in spectral_arrays(m, dtype)))(model)
+    substitution = model.substitution
+    if not isinstance(substitution, Decomposed):
+        substitution = decomposed(substitution)
+    root = jnp.sqrt(substitution.frequencies)
+    u = substitution.eigenvectors
+    rates, weights = model.rate_categories()
+    parts = (u / root[:, None], substitution.eigenvalues, u.T * root[None, :], rates, weights,
+             substitution.frequencies)
+    return tuple(jnp.broadcast_to(x.astype(dtype), (batch,) + x.shape) for x in parts)
 
 
 def kernel_arrays(model: Model, layout_lengths: Float[Array, "B ids"], data: PatternData, dtype):

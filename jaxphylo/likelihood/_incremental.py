@@ -13,8 +13,9 @@ diffing the arrays (`dirty_nodes`: an ancestor closure by pointer doubling,
 `ceil(log2 M)` rounds), ordered deepest first (children before parents) into
 an operation list per chain, and recomputed into each dirty node's *other*
 buffer (`kernels.update_partials`: the C++ kernel on a CPU, one Pallas
-launch walking every chain's list on a GPU, both doing no work for clean
-nodes; else an XLA loop over the longest list).
+launch walking every chain's list on a GPU, or one Pallas launch per dirty
+level, all doing no work for clean nodes; else an XLA loop over the longest
+list).
 The proposal is the state with those rows written and `current` switched to
 the proposal's rows; `accept_partials` keeps the proposal's index for
 accepted chains and the old one for the others: no partials are copied, and
@@ -100,13 +101,15 @@ def dirty_nodes(parents: Int[Array, "B M"], lengths: Float[Array, "B M"], old_pa
 
 
 def operation_lists(parents: Int[Array, "B M"], dirty: Bool[Array, "B M"]):
-    """`(operations [B, N - 1], counts [B])`: each chain's dirty nodes deepest first (children before parents),
-    padded after `counts[b]` with clean internal nodes (whose results go to their unused buffer)."""
+    """`(operations [B, N - 1], counts [B], depths [B, N - 1])`: each chain's dirty nodes deepest first (children
+    before parents), padded after `counts[b]` with clean internal nodes (whose results go to their unused
+    buffer), and each listed node's number of ancestors."""
     m = parents.shape[1]
     num_tips = (m + 1) // 2
-    key = jnp.where(dirty, -node_depths(parents), jnp.where(jnp.arange(m) >= num_tips, m, m + 1))
+    depth = node_depths(parents)
+    key = jnp.where(dirty, -depth, jnp.where(jnp.arange(m) >= num_tips, m, m + 1))
     operations = jnp.argsort(key, axis=1, stable=True)[:, : (m - 1) // 2].astype(jnp.int32)
-    return operations, jnp.sum(dirty, axis=1).astype(jnp.int32)
+    return operations, jnp.sum(dirty, axis=1).astype(jnp.int32), jnp.take_along_axis(depth, operations, axis=1)
 
 
 def _kernel_inputs(model: Model, parents, lengths, data: PatternData, dtype, per_tree_models: bool):
@@ -119,10 +122,10 @@ def _kernel_inputs(model: Model, parents, lengths, data: PatternData, dtype, per
 def _update(model, parents, lengths, data, dtype, per_tree_models, partials, log_scales, buffer, dirty):
     transition, pi, w, children, root, codes, table = _kernel_inputs(model, parents, lengths, data, dtype,
                                                                      per_tree_models)
-    operations, counts = operation_lists(parents, dirty)
+    operations, counts, depths = operation_lists(parents, dirty)
     partials, log_scales, per_pattern = kernels.update_partials(
         transition, codes, table, partials, log_scales, buffer.astype(jnp.int32), children, operations, counts,
-        root, pi, w)
+        depths, root, pi, w)
     return NodePartials(partials, log_scales, buffer.astype(jnp.int8), counts), per_pattern
 
 

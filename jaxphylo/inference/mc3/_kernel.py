@@ -39,10 +39,10 @@ from jax.sharding import PartitionSpec
 from numpyro.infer.util import potential_energy
 
 from ..._errors import InputError
-from ...likelihood import accept_partials, batch_pattern_log_likelihoods
+from ...likelihood import NodePartials, accept_partials, batch_pattern_log_likelihoods, kernels, spectral_arrays
 from ...models import Model, ModelCoordinates, sample_model
 from ...runtime import SHARE_TRACING, batch_specs, is_local, run_shares, shard_batch, splits_batch
-from ...tree import from_view, to_view
+from ...tree import from_view, kernel_children, to_view
 from .. import base, tempered
 from ..base import MCMCState, Proposal, chain_keys, check_moves, draw_moves, mixture, where
 from ..moves import (
@@ -71,9 +71,12 @@ class MC3Settings:
     hmc_steps: int = HMC_STEPS  # leapfrog steps of an HMC move
     branch_rate: float = 10.0  # edge lengths ~ Exponential(rate): MrBayes's brlenspr = unconstrained:exponential(10)
     incremental: bool = True  # keep every chain's partials and recompute only what a move touched (False: all)
+    length_block: int = 0  # after every generation, this many branch-multiplier generations in one launch (tgMC³)
 
     def __post_init__(self):
         object.__setattr__(self, "moves", tuple(dict(self.moves).items()))  # hashable: a static argument
+        if int(self.length_block) < 0:
+            raise InputError(f"--length-block must not be negative, got {self.length_block}")
         for name in ("runs", "chains", "generations", "sample_every", "block", "hmc_steps"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"mcmc setting {name} must be at least 1, got {getattr(self, name)}")
@@ -241,10 +244,76 @@ def move_weights(settings: MC3Settings, has_params: bool) -> jax.Array:
 
 def build_kernel(posterior: Posterior, settings: MC3Settings, tune_generations, has_params: bool):
     """`step(key, state) -> (state, info)`: one generation of every chain (`base.build_kernel` with MC³'s
-    proposals), at its heat, then the heat swaps (`tempered.tempered`)."""
+    proposals), at its heat, then the heat swaps (`tempered.tempered`); with `settings.length_block`, then that
+    many branch-multiplier generations of every chain (`length_block`)."""
     step = base.build_kernel(_propose(posterior, settings, move_weights(settings, has_params)), posterior.score,
                              _target_acceptance, tune_generations, (1e-4, 20.0), posterior.keep)
-    return tempered.tempered(step, settings.chains, settings.temperature)
+    step = tempered.tempered(step, settings.chains, settings.temperature)
+    if not settings.length_block:
+        return step
+    lengths = length_block(posterior, settings, tune_generations, has_params)
+
+    def with_lengths(key, state):
+        k_step, k_lengths = jax.random.split(key)
+        state, info = step(k_step, state)
+        return lengths(k_lengths, state), info
+
+    return with_lengths
+
+
+def length_block(posterior: Posterior, settings: MC3Settings, tune_generations, has_params: bool):
+    """`block(key, state) -> state`: `settings.length_block` generations of MrBayes's branch multiplier for every
+    chain at its heat, tgMC³'s way where the kept partials allow: one launch of `kernels.length_generations`
+    (proposal, dirty path, acceptance and the next proposal inside the program, chains across the grid), drawn
+    from each chain's own stream. Elsewhere (the C++ or XLA update, a partitioned model) the same generations
+    one at a time through `base.build_kernel`. Either way the acceptances count as the branch multiplier's,
+    and `generation` (tuning's clock) counts the outer generations only."""
+    count, column = settings.length_block, MOVES.index("branch_multiplier")
+    beta = tempered.heats(settings.chains, settings.temperature)
+    states = posterior.data.tip_table.shape[1]
+    if not (posterior.keeps_partials and kernels.fuses_generations(states)):
+        only = replace(settings, moves={"branch_multiplier": 1.0}, length_block=0)
+        one = base.build_kernel(_propose(posterior, only, move_weights(only, has_params)), posterior.score,
+                                _target_acceptance, tune_generations, (1e-4, 20.0), posterior.keep)
+
+        def stepwise(key, state: tempered.TemperedState):
+            chains = jax.lax.fori_loop(
+                0, count, lambda i, c: one(jax.random.fold_in(key, i), c, beta[state.heat])[0], state.chains)
+            return eqx.tree_at(lambda s: s.chains, state, eqx.tree_at(lambda c: c.generation, chains,
+                                                                       state.chains.generation))
+
+        return stepwise
+
+    def fused(key, state: tempered.TemperedState):
+        chains = state.chains
+        at = chains.position
+        parents, lengths = jax.vmap(from_view)(at.up, at.edge, at.root)
+        b = parents.shape[0]
+        models, per_chain = posterior._models(at.params)
+        draws = jax.vmap(lambda k: jax.random.uniform(k, (3, count), posterior.dtype))(chain_keys(key, chains.chain))
+        # The 2N - 3 edges are the view's (`up >= 0`); the view edge of tip 0's neighbour w is kernel node 0's.
+        eligible = at.up >= 0
+        order = jnp.argsort(~eligible, axis=1, stable=True)
+        pick = jnp.minimum((draws[:, 0] * (2 * posterior.num_tips - 3)).astype(jnp.int32), 2 * posterior.num_tips - 4)
+        edges = jnp.take_along_axis(order, pick, axis=1)
+        w = jnp.argmax(at.up == 0, axis=1)
+        edges = jnp.where(edges == w[:, None], 0, edges)
+        log_m = chains.tunings[:, :1] * (draws[:, 1] - 0.5)
+        cache = chains.cache
+        data = posterior.data
+        lengths, partials, log_scales, buffer, log_likelihood, accepted = kernels.length_generations(
+            *spectral_arrays(models, posterior.dtype, per_chain, b), data.tip_codes, data.tip_table, data.weights,
+            parents, jax.vmap(kernel_children)(parents), lengths, cache.partials, cache.log_scales, cache.current,
+            chains.log_likelihood, beta[state.heat], edges, log_m, jnp.log(draws[:, 2]), posterior.branch_rate)
+        _, edge = jax.vmap(to_view)(parents, lengths)
+        chains = eqx.tree_at(
+            lambda c: (c.position, c.log_likelihood, c.log_prior, c.proposed, c.accepted, c.cache), chains,
+            (UnrootedPosition(at.up, edge, at.root, at.params), log_likelihood,
+             posterior.log_priors(at.up, edge, at.params), chains.proposed.at[:, column].add(count),
+             chains.accepted.at[:, column].add(accepted), NodePartials(partials, log_scales, buffer, cache.computed)))
+        return eqx.tree_at(lambda s: s.chains, state, chains)
+
+    return fused
 
 
 class Sample(eqx.Module):

@@ -12,7 +12,7 @@ The contract every backend keeps (`_xla.py` is the reference the others are test
 
 Incremental post-order (`_update.py`, for samplers): partials kept by node id in two buffers, only the
 nodes of an operation list recomputed in place (`update_partials`: the C++ kernel on a CPU, a Pallas walk of
-every chain's list on a GPU, else an XLA loop; `update_backend` says which).
+every chain's list on a GPU or a Pallas launch per dirty level, else an XLA loop; `update_backend` says which).
 
 Backends: `xla` (level-batched XLA ops, everywhere), `pallas` (Triton programs per level, opt-in on
 GPUs), `cpu` (the C++ XLA FFI kernel, `cpp/`). `_choice.py` chooses among them, and nothing else
@@ -24,7 +24,9 @@ does; `_kernel.py` is the differentiable kernel built on that choice (`pattern_l
 from . import _cpu as cpu, _pallas as pallas, _xla as xla  # noqa: F401 (the backends, by name)
 from ._choice import (
     KERNEL_ENV as KERNEL_ENV,
+    UPDATE_ENV as UPDATE_ENV,
     cpu_wanted as cpu_wanted,
+    fuses_generations as fuses_generations,
     pallas_wanted as pallas_wanted,
     post_order_partials as post_order_partials,
     update_backend as update_backend,
@@ -35,7 +37,12 @@ from ._preorder import (
     marginals as marginals,
     pre_order_partials as pre_order_partials,
 )
+from ._pallas import length_generations as length_generations
 from ._kernel import evaluate as evaluate, pattern_log_likelihoods as pattern_log_likelihoods
+from ._update import (
+    level_table as update_level_table,
+    log_likelihoods as update_log_likelihoods,
+)
 from ._walk import (
     exact_steps as exact_steps,
     gather_rows as gather_rows,

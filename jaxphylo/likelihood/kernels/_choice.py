@@ -18,6 +18,7 @@ from ...tree import Schedule
 from . import _cpu, _pallas, _update, _xla
 
 KERNEL_ENV = "JAXPHYLO_KERNEL"
+UPDATE_ENV = "JAXPHYLO_UPDATE"  # the Pallas operation-list update: `walk` (default) or `levels`
 
 
 def cpu_wanted() -> bool:
@@ -62,22 +63,43 @@ def post_order_partials(
 def update_backend(states: int) -> str:
     """Which kernel recomputes an operation list: `cpu` when `cpu_wanted()` (the C++ kernel); `pallas`, one
     launch walking every chain's list, for up to `VECTOR_STATES` states on a GPU unless `JAXPHYLO_KERNEL=xla`
-    (and anywhere with `JAXPHYLO_KERNEL=pallas`: interpreted on a CPU); else `xla`, a loop over the longest list.
+    (and anywhere with `JAXPHYLO_KERNEL=pallas`: interpreted on a CPU), or with `JAXPHYLO_UPDATE=levels` one
+    Pallas launch per dirty level (`levels`); else `xla`, a loop over the longest list.
 
     The Pallas walk is the GPU's default here, unlike for the passes: on an H200 a generation of 8 chains took
     0.44 ms against the XLA loop's 0.93 on DS1 and 0.86 against 2.51 on carnivores, with the same compile time
-    (`benchmarks/incremental.py`; README, "Kept partials")."""
+    (`benchmarks/incremental.py`; README, "Kept partials"); a launch per level took LEVELS_MEASURED."""
     if cpu_wanted() and _cpu.has_update():
         return "cpu"
     setting = kernel_setting()
     if _pallas.blocked(states) or setting == "xla":
         return "xla"
-    return "pallas" if setting == "pallas" or jax.default_backend() == "gpu" else "xla"
+    if setting == "pallas" or jax.default_backend() == "gpu":
+        return "levels" if update_schedule() == "levels" else "pallas"
+    return "xla"
+
+
+def fuses_generations(states: int) -> bool:
+    """Whether a sampler may run many generations in one launch (`_pallas.length_generations`): where the
+    operation lists go to Pallas (`update_backend`), i.e. on a GPU for up to `VECTOR_STATES` states."""
+    return update_backend(states) in ("pallas", "levels")
+
+
+def update_schedule() -> str:
+    """`JAXPHYLO_UPDATE`: how the Pallas update visits the dirty nodes, `walk` (default) or `levels`."""
+    choice = os.environ.get(UPDATE_ENV, "walk").lower()
+    if choice not in ("walk", "levels"):
+        raise InputError(f"{UPDATE_ENV}={choice!r}: expected 'walk' or 'levels'")
+    return choice
 
 
 def update_partials(transition, tip_codes, tip_table, partials, log_scales, buffer, children, operations, counts,
-                    root, root_frequencies, category_weights):
-    """Recompute the nodes of an operation list in place (`_update`'s contract) by `update_backend`'s kernel."""
-    backend = {"cpu": _cpu, "pallas": _pallas, "xla": _update}[update_backend(tip_table.shape[1])]
-    return backend.update_partials(transition, tip_codes, tip_table, partials, log_scales, buffer, children,
-                                   operations, counts, root, root_frequencies, category_weights)
+                    depths, root, root_frequencies, category_weights):
+    """Recompute the nodes of an operation list in place (`_update`'s contract; `depths [B, Q]`, each listed
+    node's number of ancestors, orders a launch per level) by `update_backend`'s kernel."""
+    backend = update_backend(tip_table.shape[1])
+    arguments = (transition, tip_codes, tip_table, partials, log_scales, buffer, children, operations, counts)
+    if backend == "levels":
+        return _pallas.update_levels(*arguments, depths, root, root_frequencies, category_weights)
+    return {"cpu": _cpu, "pallas": _pallas, "xla": _update}[backend].update_partials(
+        *arguments, root, root_frequencies, category_weights)

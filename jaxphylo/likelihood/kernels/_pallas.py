@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
@@ -310,3 +311,78 @@ def update_partials(transition, tip_codes, tip_table, partials, log_scales, buff
                                 buffer.astype(jnp.int32), transition, tips, partials, log_scales)
     return partials, log_scales, _update.log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
                                                          category_weights, num_tips)
+
+
+LEVEL_WIDTH = 2  # nodes per chain and launch: a move's dirty set is one or two paths to the root
+
+
+def update_levels(transition, tip_codes, tip_table, partials, log_scales, buffer, children, operations, counts,
+                  depths, root, root_frequencies, category_weights, interpret: bool | None = None,
+                  width: int = LEVEL_WIDTH):
+    """`update_partials` with one launch per dirty level instead of one walk: grid `(chains, width, pattern
+    tiles)`, launch `l` computing row `l` of `_update.level_table` (every chain's dirty nodes of one depth, up to
+    `width` of them; `_pallas_vectors.update_level`), in a loop over the levels any chain has dirty."""
+    b, _, _, c, patterns, s = partials.shape
+    num_tips, tile, interpret = tip_codes.shape[0] - 1, update_tile(patterns), _interpret(interpret)
+    tips = tip_table.astype(partials.dtype)[tip_codes]
+    table, launches = _update.level_table(operations.astype(jnp.int32), counts, depths, width)
+    level = _call(_pallas_vectors.update_level, consts=(num_tips, c, s, patterns, tile),
+                  inputs=("operations", "children", "buffer", "transition", "tips", "partials", "log_scales"),
+                  outputs=dict(partials=_shape(partials), log_scales=_shape(log_scales)), aliases={5: 0, 6: 1},
+                  grid=(b, width, -(-patterns // tile)), interpret=interpret, name=f"update_level_w{width}")
+    children, buffer = children.astype(jnp.int32), buffer.astype(jnp.int32)
+    partials, log_scales = lax.fori_loop(
+        0, launches, lambda i, carry: level(table[i], children, buffer, transition, tips, *carry),
+        (partials, log_scales))
+    return partials, log_scales, _update.log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
+                                                         category_weights, num_tips)
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def length_generations(left: Float[Array, "B S S"], values: Float[Array, "B S"], right: Float[Array, "B S S"],
+                       rates: Float[Array, "B C"], category_weights: Float[Array, "B C"],
+                       root_frequencies: Float[Array, "B S"], tip_codes: Int[Array, "tips_plus_one patterns"],
+                       tip_table: Float[Array, "codes S"], pattern_weights: Float[Array, " patterns"],
+                       parents: Int[Array, "B M"], children: Int[Array, "B M 2"], lengths: Float[Array, "B M"],
+                       partials: Float[Array, "B 2 I C patterns S"], log_scales: Float[Array, "B 2 I patterns"],
+                       buffer: Int[Array, "B I"], log_likelihood: Float[Array, " B"], beta: Float[Array, " B"],
+                       edges: Int[Array, "B G"], log_multipliers: Float[Array, "B G"],
+                       log_uniforms: Float[Array, "B G"], branch_rate: float, interpret: bool | None = None):
+    """`G` branch-multiplier generations of every chain in one launch (`_pallas_vectors.length_generations`):
+    grid `(chains,)`, the kept partials of `_update` updated in place. `P_r(t) = left diag(exp(values r_c t))
+    right` is the model's spectral form. Returns `(lengths, partials, log_scales, buffer, log L, accepted [B])`.
+    """
+    b, _, _, c, patterns, s = partials.shape
+    m, internal = parents.shape[1], buffer.shape[1]
+    num_tips, tile, interpret = tip_codes.shape[0] - 1, update_tile(patterns), _interpret(interpret)
+    tiles = -(-patterns // tile)
+    dtype = partials.dtype
+    starts = jnp.minimum(jnp.arange(tiles) * tile, patterns - tile)
+    columns = starts[:, None] + jnp.arange(tile)[None, :]
+    first = (columns >= (jnp.arange(tiles) * tile)[:, None])  # the last tile's overlap is counted by its neighbour
+    weights = jnp.where(first, jnp.asarray(pattern_weights, dtype)[columns], 0.0)
+    wide, deep = _next_power_of_two(m), _next_power_of_two(internal)  # Triton's vectors: powers of two
+    padded_lengths = jnp.pad(lengths.astype(dtype), ((0, 0), (0, wide - m)))
+    padded_buffer = jnp.pad(buffer.astype(jnp.int32), ((0, 0), (0, deep - internal)))
+    call = _call(
+        _pallas_vectors.length_generations,
+        consts=(num_tips, c, s, patterns, tile, tiles, edges.shape[1], float(branch_rate)),
+        inputs=("left", "values", "right", "rates", "weights", "frequencies", "tips", "pattern_weights", "root",
+                "beta", "parents", "children", "edges", "log_multipliers", "log_uniforms", "lengths", "partials",
+                "log_scales", "buffer", "log_likelihood"),
+        outputs=dict(lengths=_shape(padded_lengths), partials=_shape(partials), log_scales=_shape(log_scales),
+                     buffer=_shape(padded_buffer), log_likelihood=jax.ShapeDtypeStruct((b,), dtype),
+                     accepted=jax.ShapeDtypeStruct((b,), jnp.int32)),
+        aliases={15: 0, 16: 1, 17: 2, 18: 3, 19: 4}, grid=(b,), interpret=interpret, name="length_generations")
+    cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+    root = jnp.argmin(parents, axis=1).astype(jnp.int32)
+    out = call(cast(left), cast(values), cast(right), cast(rates), cast(category_weights), cast(root_frequencies),
+               tip_table.astype(dtype)[tip_codes], weights, root, cast(beta), parents.astype(jnp.int32),
+               children.astype(jnp.int32), edges.astype(jnp.int32), cast(log_multipliers), cast(log_uniforms),
+               padded_lengths, partials, log_scales, padded_buffer, cast(log_likelihood))
+    new_lengths, partials, log_scales, new_buffer, log_likelihood, accepted = out
+    return (new_lengths[:, :m], partials, log_scales, new_buffer[:, :internal].astype(buffer.dtype), log_likelihood,
+            accepted)

@@ -31,8 +31,14 @@ def _child_vectors(b, t, child, num_tips, sentinel_row, num_categories, num_stat
 
 def _times(transition_ref, b, child, r, x, transpose=False):
     """`P x` (or `P^T x`) of category r's matrix of `child`'s branch, each state a `[T]` vector."""
+    if transpose:
+        return _product(lambda i, j: transition_ref[b, child, r, j, i], x)
+    return _product(lambda i, j: transition_ref[b, child, r, i, j], x)
+
+
+def _product(entry, x):
+    """`P x` for `P`'s entries `entry(i, j)` (scalars) and `x` a list of `[T]` vectors, written out."""
     n = len(x)
-    entry = (lambda i, j: transition_ref[b, child, r, j, i]) if transpose else (lambda i, j: transition_ref[b, child, r, i, j])
     out = []
     for i in range(n):
         total = entry(i, 0) * x[0]
@@ -137,51 +143,174 @@ def pre_order_walk(consts, refs):
     lax.fori_loop(0, root + 1, node, 0)
 
 
-def update_walk(consts, refs):
-    """One chain's operation list for one pattern tile (`_update.update_partials`'s node step, by node id).
+def _update_node(b, v, cols, consts, refs):
+    """Node `v` of chain b over the pattern columns `cols` (`_update.update_partials`'s node step, by node id):
+    its children's rows read from the buffers `buffer[b, row]` names (a tip's vectors from `tips [N + 1,
+    patterns, S]`), `p_v = (P_a x_a) o (P_b x_b)` rescaled by the power of two `2^e` of its tile maximum (as
+    `rescale_by_power_of_two`: exact) into row `v - N` of its own `buffer` entry, and `e log 2` plus its
+    internal children's subtree sums as its log scale row. Partials keep the samplers' layout `[B, 2, I, C,
+    patterns, S]`: a state of a tile is a strided `[T]` vector, so no copy to a tiled layout is ever made."""
+    num_tips, num_categories, num_states = consts[:3]
+    products, below = None, None
+    for k in range(2):
+        child = refs.children[b, v, k]
+        is_tip = child < num_tips
+        inner = jnp.where(is_tip, 0, child - num_tips)
+        which = refs.buffer[b, inner]
+        tip = [refs.tips[jnp.where(is_tip, child, num_tips), cols, j] for j in range(num_states)]
+        x = [[jnp.where(is_tip, tip[j], refs.partials[b, which, inner, r, cols, j]) for j in range(num_states)]
+             for r in range(num_categories)]
+        messages = [_times(refs.transition, b, child, r, x[r]) for r in range(num_categories)]
+        products = messages if k == 0 else [[p * m for p, m in zip(ps, ms)] for ps, ms in zip(products, messages)]
+        scales = jnp.where(is_tip, 0.0, refs.log_scales[b, which, inner, cols])
+        below = scales if k == 0 else below + scales
+    exponent, inverse = _power_of_two(_tile_max(products))
+    row = v - num_tips
+    to = refs.buffer[b, row]
+    for r in range(num_categories):
+        for s in range(num_states):
+            refs.partials[b, to, row, r, cols, s] = products[r][s] * inverse
+    refs.log_scales[b, to, row, cols] = exponent.astype(below.dtype) * math.log(2.0) + below
 
-    Program `(b, t)` visits chain b's first `counts[b]` listed nodes in order
-    (children before parents). A child's row is read from the buffer
-    `buffer[b, row]` names (a tip's vectors from `tips [N + 1, patterns, S]`),
-    and node `v` is written to row `v - N` of its own `buffer` entry, rescaled
-    by the power of two `2^e` of its tile maximum (as `rescale_by_power_of_two`:
-    exact), with `e log 2` plus its internal children's subtree sums as its log
-    scale row. Partials keep the samplers' layout `[B, 2, I, C, patterns, S]`:
-    a state of a tile is a strided `[T]` vector, so no copy to a tiled layout is
-    ever made. A clean node costs nothing; a program reads back only rows it
-    wrote itself (the same vectors, so the same threads), so no launch
-    boundary is needed between levels. The last tile starts at `patterns - T`
-    and overlaps its neighbour: both write the same values there.
-    """
-    num_tips, num_categories, num_states, patterns, tile = consts
+
+def _columns(t, consts):
+    """Tile t's `T` pattern columns; the last tile starts at `patterns - T` and overlaps its neighbour (both
+    write the same values there)."""
+    patterns, tile = consts[3:]
+    return pl.ds(jnp.minimum(t * tile, patterns - tile), tile)
+
+
+def update_walk(consts, refs):
+    """One chain's operation list for one pattern tile: program `(b, t)` visits chain b's first `counts[b]`
+    listed nodes in order (children before parents), each by `_update_node`. A clean node costs nothing; a
+    program reads back only rows it wrote itself (the same vectors, so the same threads), so no launch
+    boundary is needed between levels."""
     b, t = pl.program_id(0), pl.program_id(1)
-    cols = pl.ds(jnp.minimum(t * tile, patterns - tile), tile)
+    cols = _columns(t, consts)
 
     def node(i, carry):
-        v = refs.operations[b, i]
-        products, below = None, None
-        for k in range(2):
-            child = refs.children[b, v, k]
-            is_tip = child < num_tips
-            inner = jnp.where(is_tip, 0, child - num_tips)
-            which = refs.buffer[b, inner]
-            tip = [refs.tips[jnp.where(is_tip, child, num_tips), cols, j] for j in range(num_states)]
-            x = [[jnp.where(is_tip, tip[j], refs.partials[b, which, inner, r, cols, j]) for j in range(num_states)]
-                 for r in range(num_categories)]
-            messages = [_times(refs.transition, b, child, r, x[r]) for r in range(num_categories)]
-            products = messages if k == 0 else [[p * m for p, m in zip(ps, ms)] for ps, ms in zip(products, messages)]
-            scales = jnp.where(is_tip, 0.0, refs.log_scales[b, which, inner, cols])
-            below = scales if k == 0 else below + scales
-        exponent, inverse = _power_of_two(_tile_max(products))
-        row = v - num_tips
-        to = refs.buffer[b, row]
-        for r in range(num_categories):
-            for s in range(num_states):
-                refs.partials[b, to, row, r, cols, s] = products[r][s] * inverse
-        refs.log_scales[b, to, row, cols] = exponent.astype(below.dtype) * math.log(2.0) + below
+        _update_node(b, refs.operations[b, i], cols, consts, refs)
         return carry
 
     lax.fori_loop(0, refs.counts[b], node, 0)
+
+
+def update_level(consts, refs):
+    """One launch of a level schedule: program `(b, w, t)` computes node `operations[b, w]` of chain b (none
+    where it is -1) for pattern tile t, by `_update_node`. The nodes of a launch are independent (one depth
+    of each chain's tree); the launch boundary orders them after their children."""
+    b, w, t = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    v = refs.operations[b, w]
+
+    @pl.when(v >= 0)
+    def _():
+        _update_node(b, v, _columns(t, consts), consts, refs)
+
+
+def _pick(vector, index):
+    """`vector[index]` for a traced index: a masked sum (Triton cannot index a register vector)."""
+    return jnp.sum(jnp.where(jnp.arange(vector.shape[0]) == index, vector, jnp.zeros_like(vector)))
+
+
+def length_generations(consts, refs):
+    """tgMC³'s trick: `G` generations of MrBayes's branch multiplier per chain in one launch, program `b` one chain.
+
+    A generation proposes `x' = m x` on edge `edges[b, g]` (`log m = log_multipliers[b, g]`), recomputes
+    the path from the edge's parent to the root into every path node's other buffer (`P` of the two children
+    of each path node formed in the program from the model's spectral form, `P_r = L diag(exp(lam r t)) R`),
+    sums the root's `log L` over the patterns (`pattern_weights [tiles, T]`, 0 where the last tile overlaps its
+    neighbour), and accepts when `log u < beta (dlog L - rate (x' - x)) + log m` (`log u =
+    log_uniforms[b, g]`; Exponential(rate) edge lengths, the chain's heat `beta`): then the path's buffer
+    indices flip, else nothing is undone. Lengths, buffer indices and `log L` stay in registers between
+    generations; a node's pattern tiles are visited in a loop, and each tile's rows are read back only by the
+    threads that wrote them (the walks' rule), so no barrier is needed. The proposal, its dirty path, the
+    acceptance and the next proposal never leave the program.
+    """
+    num_tips, num_categories, num_states, patterns, tile, tiles, generations, rate = consts
+    b = pl.program_id(0)
+    left = [[refs.left[b, i, k] for k in range(num_states)] for i in range(num_states)]
+    right = [[refs.right[b, k, j] for j in range(num_states)] for k in range(num_states)]
+    values = [refs.values[b, k] for k in range(num_states)]
+    rates = [refs.rates[b, r] for r in range(num_categories)]
+    weights = [refs.weights[b, r] for r in range(num_categories)]
+    frequencies = [refs.frequencies[b, i] for i in range(num_states)]
+    root, beta = refs.root[b], refs.beta[b]
+    rows = jnp.arange(refs.buffer.shape[1])
+
+    def transition(t):
+        """`P_r(t)`, category by category, as `S x S` scalars."""
+        out = []
+        for r in range(num_categories):
+            decay = [jnp.exp(values[k] * rates[r] * t) for k in range(num_states)]
+            out.append([[sum(left[i][k] * decay[k] * right[k][j] for k in range(num_states))
+                         for j in range(num_states)] for i in range(num_states)])
+        return out
+
+    def node(v, lengths, buffer, dirty):
+        """Node v's partials from its children (a dirty child's from its other buffer) into its other buffer."""
+        kids = [refs.children[b, v, k] for k in range(2)]
+        matrices = [transition(_pick(lengths, kid)) for kid in kids]
+        inner = [jnp.where(kid < num_tips, 0, kid - num_tips) for kid in kids]
+        which = [jnp.where(_pick(dirty, i) > 0, 1 - _pick(buffer, i), _pick(buffer, i)) for i in inner]
+        row = v - num_tips
+        to = 1 - _pick(buffer, row)
+
+        def one_tile(t, carry):
+            cols = pl.ds(jnp.minimum(t * tile, patterns - tile), tile)
+            products, below = None, None
+            for k in range(2):
+                is_tip = kids[k] < num_tips
+                tip = [refs.tips[jnp.where(is_tip, kids[k], num_tips), cols, j] for j in range(num_states)]
+                x = [[jnp.where(is_tip, tip[j], refs.partials[b, which[k], inner[k], r, cols, j])
+                      for j in range(num_states)] for r in range(num_categories)]
+                messages = [_product(lambda i, j, r=r: matrices[k][r][i][j], x[r]) for r in range(num_categories)]
+                products = messages if k == 0 else [[p * m for p, m in zip(ps, ms)]
+                                                    for ps, ms in zip(products, messages)]
+                scales = jnp.where(is_tip, 0.0, refs.log_scales[b, which[k], inner[k], cols])
+                below = scales if k == 0 else below + scales
+            exponent, inverse = _power_of_two(_tile_max(products))
+            for r in range(num_categories):
+                for s in range(num_states):
+                    refs.partials[b, to, row, r, cols, s] = products[r][s] * inverse
+            refs.log_scales[b, to, row, cols] = exponent.astype(below.dtype) * math.log(2.0) + below
+            return carry
+
+        lax.fori_loop(0, tiles, one_tile, 0)
+        return jnp.where(rows == row, 1, dirty)
+
+    def log_likelihood(buffer):
+        row = root - num_tips
+        at = 1 - _pick(buffer, row)  # the root is on every path: its proposal is in its other buffer
+
+        def one_tile(t, total):
+            cols = pl.ds(jnp.minimum(t * tile, patterns - tile), tile)
+            site = sum(weights[r] * frequencies[i] * refs.partials[b, at, row, r, cols, i]
+                       for r in range(num_categories) for i in range(num_states))
+            return total + jnp.sum(refs.pattern_weights[t, :] * (jnp.log(site) + refs.log_scales[b, at, row, cols]))
+
+        return lax.fori_loop(0, tiles, one_tile, jnp.zeros((), refs.lengths.dtype))
+
+    def generation(g, carry):
+        lengths, buffer, current, accepted = carry
+        edge, log_m = refs.edges[b, g], refs.log_multipliers[b, g]
+        old = _pick(lengths, edge)
+        new = old * jnp.exp(log_m)
+        proposed = jnp.where(jnp.arange(lengths.shape[0]) == edge, new, lengths)
+        _, dirty = lax.while_loop(lambda c: c[0] >= 0,
+                                  lambda c: (refs.parents[b, c[0]], node(c[0], proposed, buffer, c[1])),
+                                  (refs.parents[b, edge], jnp.zeros_like(buffer)))
+        value = log_likelihood(buffer)
+        accept = refs.log_uniforms[b, g] < beta * (value - current - rate * (new - old)) + log_m
+        buffer = jnp.where(accept & (dirty > 0), 1 - buffer, buffer)
+        return (jnp.where(accept, proposed, lengths), buffer, jnp.where(accept, value, current),
+                accepted + accept.astype(jnp.int32))
+
+    lengths, buffer, current, accepted = lax.fori_loop(
+        0, generations, generation, (refs.lengths[b, :], refs.buffer[b, :], refs.log_likelihood[b], jnp.int32(0)))
+    refs.lengths[b, :] = lengths
+    refs.buffer[b, :] = buffer
+    refs.log_likelihood[b] = current
+    refs.accepted[b] = accepted
 
 
 def _power_of_two(top):

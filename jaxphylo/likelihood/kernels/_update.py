@@ -78,6 +78,32 @@ def update_partials(
                                                  category_weights, num_tips)
 
 
+def level_table(operations: Int[Array, "B Q"], counts: Int[Array, " B"], depths: Int[Array, "B Q"], width: int
+                ) -> tuple[Int[Array, "L B W"], Int[Array, ""]]:
+    """The operation lists as launches of independent nodes: `(table [L, B, width], launches)`.
+
+    Launch `l` holds, for every chain, up to `width` listed nodes of one depth
+    (`depths [B, Q]`: each listed node's number of ancestors; -1 pads), the
+    deepest depth first, so every node's children are in earlier launches. A
+    depth where some chain lists more than `width` nodes (a chain recomputing
+    every node) takes several launches. Only the first `launches` rows are
+    used; `L` bounds them for any list (a depth holds at most `2^d` nodes).
+    """
+    b, q = operations.shape
+    listed = jnp.arange(q)[None, :] < counts[:, None]
+    chain = jnp.arange(b)[:, None]
+    at_depth = jnp.zeros((b, q), jnp.int32).at[chain, depths].add(listed.astype(jnp.int32))
+    rounds = jnp.max(-(-at_depth // width), axis=0)  # launches per depth
+    first = jnp.cumsum(rounds[::-1])[::-1] - rounds  # launches before a depth's: those of the deeper ones
+    deeper = jnp.cumsum(at_depth[:, ::-1], axis=1)[:, ::-1] - at_depth  # per chain, nodes listed before a depth
+    rank = jnp.arange(q)[None, :] - jnp.take_along_axis(deeper, depths, axis=1)  # lists are deepest first
+    bound = sum(-(-min(q, 2 ** d) // width) for d in range(q))
+    launch = jnp.where(listed, first[depths] + rank // width, bound)
+    table = jnp.full((bound, b, width), -1, jnp.int32)
+    table = table.at[launch, jnp.broadcast_to(chain, (b, q)), rank % width].set(operations, mode="drop")
+    return table, jnp.sum(rounds)
+
+
 def rescale_by_power_of_two(p: Float[Array, "*batch C patterns S"]):
     """Divide each pattern by `2^e`, `m = f 2^e` its maximum over categories and states (`f` in [1/2, 1); not
     positive: 1); return `e log 2`."""
