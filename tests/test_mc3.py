@@ -297,7 +297,7 @@ def test_length_blocks_recover_the_prior(fused, monkeypatch):
     move is NNI alone, so only the blocks move the lengths."""
     from jaxphylo.likelihood import kernels
 
-    monkeypatch.setattr(kernels, "fuses_generations", lambda states: fused)
+    monkeypatch.setattr(kernels, "fuses_generations", lambda states, patterns, categories: fused)
     simulated = jp.simulate(jp.random_topology_tree(TAXA, seed=1), jp.parse_model("JC"), 20, seed=1)
     alignment = jp.Alignment(TAXA, ("N" * 20,) * 5, simulated.alphabet)
     settings = MC3Settings(runs=16, chains=1, generations=5 * 2000, sample_every=5, tune=0, block=500,

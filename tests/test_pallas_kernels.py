@@ -102,6 +102,9 @@ def test_update_kernel_choice(monkeypatch):
     assert kernels.update_backend(4) == "xla"  # a CPU without the C++ kernel
     monkeypatch.setattr(kernels._choice.jax, "default_backend", lambda: "gpu")
     assert [kernels.update_backend(s) for s in (4, 20, 61)] == ["pallas", "xla", "xla"]
+    # Fused length blocks for data one program per chain covers quickly: DS1 (934 patterns, JC), not carnivores.
+    assert kernels.fuses_generations(4, 934, 1) and not kernels.fuses_generations(4, 5565, 4)
+    assert not kernels.fuses_generations(20, 100, 1)
     monkeypatch.setenv(kernels.KERNEL_ENV, "xla")
     assert kernels.update_backend(4) == "xla"
     monkeypatch.setenv(kernels.KERNEL_ENV, "Pallas")

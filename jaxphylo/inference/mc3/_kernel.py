@@ -40,7 +40,7 @@ from numpyro.infer.util import potential_energy
 
 from ..._errors import InputError
 from ...likelihood import NodePartials, accept_partials, batch_pattern_log_likelihoods, kernels, spectral_arrays
-from ...models import Model, ModelCoordinates, sample_model
+from ...models import Model, ModelCoordinates, category_count, sample_model
 from ...runtime import SHARE_TRACING, batch_specs, is_local, run_shares, shard_batch, splits_batch
 from ...tree import from_view, kernel_children, to_view
 from .. import base, tempered
@@ -270,8 +270,10 @@ def length_block(posterior: Posterior, settings: MC3Settings, tune_generations, 
     and `generation` (tuning's clock) counts the outer generations only."""
     count, column = settings.length_block, MOVES.index("branch_multiplier")
     beta = tempered.heats(settings.chains, settings.temperature)
-    states = posterior.data.tip_table.shape[1]
-    if not (posterior.keeps_partials and kernels.fuses_generations(states)):
+    data = posterior.data
+    fused_kernel = posterior.keeps_partials and kernels.fuses_generations(
+        data.tip_table.shape[1], data.tip_codes.shape[1], category_count(posterior.coordinates.template))
+    if not fused_kernel:
         only = replace(settings, moves={"branch_multiplier": 1.0}, length_block=0)
         one = base.build_kernel(_propose(posterior, only, move_weights(only, has_params)), posterior.score,
                                 _target_acceptance, tune_generations, (1e-4, 20.0), posterior.keep)
@@ -300,7 +302,6 @@ def length_block(posterior: Posterior, settings: MC3Settings, tune_generations, 
         edges = jnp.where(edges == w[:, None], 0, edges)
         log_m = chains.tunings[:, :1] * (draws[:, 1] - 0.5)
         cache = chains.cache
-        data = posterior.data
         lengths, partials, log_scales, buffer, log_likelihood, accepted = kernels.length_generations(
             *spectral_arrays(models, posterior.dtype, per_chain, b), data.tip_codes, data.tip_table, data.weights,
             parents, jax.vmap(kernel_children)(parents), lengths, cache.partials, cache.log_scales, cache.current,

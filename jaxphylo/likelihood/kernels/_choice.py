@@ -68,7 +68,8 @@ def update_backend(states: int) -> str:
 
     The Pallas walk is the GPU's default here, unlike for the passes: on an H200 a generation of 8 chains took
     0.44 ms against the XLA loop's 0.93 on DS1 and 0.86 against 2.51 on carnivores, with the same compile time
-    (`benchmarks/incremental.py`; README, "Kept partials"); a launch per level took LEVELS_MEASURED."""
+    (`benchmarks/incremental.py`; README, "Kept partials"). A launch per dirty level took 0.92 and 1.80 ms
+    there, against the walk's 0.49 and 0.86 in the same run (`incremental-levels-h200.json`): the walk stays."""
     if cpu_wanted() and _cpu.has_update():
         return "cpu"
     setting = kernel_setting()
@@ -79,10 +80,18 @@ def update_backend(states: int) -> str:
     return "xla"
 
 
-def fuses_generations(states: int) -> bool:
-    """Whether a sampler may run many generations in one launch (`_pallas.length_generations`): where the
-    operation lists go to Pallas (`update_backend`), i.e. on a GPU for up to `VECTOR_STATES` states."""
-    return update_backend(states) in ("pallas", "levels")
+FUSED_MAX_TILE_CATEGORIES = 16  # pattern tiles x rate categories up to which a fused program is faster
+
+
+def fuses_generations(states: int, patterns: int, categories: int) -> bool:
+    """Whether a sampler runs many generations in one launch (`_pallas.length_generations`): where the operation
+    lists go to Pallas (`update_backend`: a GPU, up to `VECTOR_STATES` states), for data a single program per
+    chain covers quickly, its pattern tiles times rate categories at most `FUSED_MAX_TILE_CATEGORIES` (it
+    visits them in turn). On an H200 (benchmarks/mc3.py --length-block, 8 chains) a branch-multiplier
+    generation took 0.065 ms fused against 0.143 one per launch on DS1 (8 tiles, JC) but 2.11 against 0.54 on
+    carnivores (44 tiles x 4 categories)."""
+    tiles = -(-patterns // _pallas.update_tile(patterns))
+    return update_backend(states) in ("pallas", "levels") and tiles * categories <= FUSED_MAX_TILE_CATEGORIES
 
 
 def update_schedule() -> str:
