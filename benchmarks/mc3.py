@@ -15,11 +15,11 @@ path; on the lent GPU machines a copy travels in the git-ignored .devtools/).
 `--per-move`: ms per generation with each move alone (its own compiled block), the kept partials' cost of a
 generation of that move.
 
-`--length-block K...`: ms per branch-multiplier generation when each generation is followed by K more in one
-launch (`MC3Settings.length_block`, tgMC³'s fused kernel on a GPU; K = 0: one generation per step, the kept
-partials' path), for `--length-block-runs` runs x 4 chains. `--run-length-block K`: the runs to the stop rule
-use it (their generations per second then count the K block generations too, as MrBayes counts one move per
-generation).
+`--fused K...`: ms per generation of NNI and branch multiplier (weights 3:5, as the defaults) when each
+generation is followed by K more in one launch (`MC3Settings.fused_generations`, tgMC³'s fused kernel on a GPU;
+K = 0: one generation per launch, the kept partials' path), for `--fused-runs` runs x 4 chains. `--run-fused K`:
+the runs to the stop rule use it (their generations per second then count the K fused generations too, as
+MrBayes counts one move per generation).
 
 Breakdown rows (ms per generation, all 8 chains): the whole generation; the
 moves and priors alone (`prior_only`); one batched likelihood of the 8
@@ -112,13 +112,13 @@ def per_move(alignment, model, priors, generations: int, runs: int = 2) -> dict:
     return out
 
 
-def length_blocks(alignment, model, priors, steps: int, blocks, runs: int) -> dict:
-    """ms per branch-multiplier generation with `K` more after each in one launch, for every `K` of `blocks`
-    (0: one generation per step); each its own compiled block of `steps` steps (first call apart)."""
+def fused(alignment, model, priors, steps: int, blocks, runs: int) -> dict:
+    """ms per generation of NNI and branch multiplier with `K` more after each in one launch, for every `K` of
+    `blocks` (0: one generation per launch); each its own compiled block of `steps` steps (first call apart)."""
     out = {}
     for k in blocks:
         settings = MC3Settings(runs=runs, chains=4, generations=steps, sample_every=10, block=max(1, steps // 10),
-                               moves={"branch_multiplier": 1.0}, length_block=k)
+                               moves={"nni": 3.0, "branch_multiplier": 5.0}, fused_generations=k)
         posterior, state, key = starting_state(alignment, model, settings, priors=priors)
         count, tune = jnp.asarray(settings.block), jnp.asarray(0)
         began = time.perf_counter()
@@ -133,14 +133,16 @@ def length_blocks(alignment, model, priors, steps: int, blocks, runs: int) -> di
     return out
 
 
-def ours_to_stop(alignment, model, priors, max_generations: int, block: int, seed: int, length_block: int = 0) -> dict:
+def ours_to_stop(alignment, model, priors, max_generations: int, block: int, seed: int, fused_generations: int = 0
+                 ) -> dict:
     settings = MC3Settings(runs=2, chains=4, generations=max_generations, sample_every=100, stop_asdsf=0.01,
-                           block=block, length_block=length_block)
+                           block=block, fused_generations=fused_generations)
     began = time.perf_counter()
     result = jp.inference.mc3(alignment, model, settings=settings, priors=priors, seed=seed)
     wall = time.perf_counter() - began
-    moves = result.generations * (1 + length_block)
-    return {"generations": moves, "steps": result.generations, "length_block": length_block, "wall_seconds": wall,
+    moves = result.generations * (1 + fused_generations)
+    return {"generations": moves, "steps": result.generations, "fused_generations": fused_generations,
+            "wall_seconds": wall,
             "final_asdsf": result.asdsf, "stopped_by_rule": result.asdsf < 0.01, "generations_per_second": moves / wall}
 
 
@@ -187,12 +189,12 @@ def main() -> None:
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--per-move", type=int, nargs="*", default=None, metavar="GENERATIONS",
                         help="also ms per generation with each move alone (GENERATIONS per case, default 1000)")
-    parser.add_argument("--length-block", type=int, nargs="*", default=None, metavar="K",
-                        help="also ms per branch-multiplier generation with K more per step in one launch, e.g. 0 10 50")
-    parser.add_argument("--length-block-runs", type=int, nargs="+", default=[2])
-    parser.add_argument("--length-block-steps", type=int, default=200)
-    parser.add_argument("--run-length-block", type=int, default=0,
-                        help="the runs to the stop rule with this many branch-multiplier generations per launch")
+    parser.add_argument("--fused", type=int, nargs="*", default=None, metavar="K",
+                        help="also ms per NNI/branch-multiplier generation with K more per launch, e.g. 0 10 50")
+    parser.add_argument("--fused-runs", type=int, nargs="+", default=[2])
+    parser.add_argument("--fused-steps", type=int, default=200)
+    parser.add_argument("--run-fused", type=int, default=0,
+                        help="the runs to the stop rule with this many fused generations after each generation")
     parser.add_argument("--hmc", nargs=2, metavar=("CASE", "GENERATIONS"), default=None,
                         help="also measure the HMC move's effect on mixing on CASE (HKY+FO+G4), e.g. primates_mtDNA 20000")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -219,18 +221,18 @@ def main() -> None:
                   flush=True)
             lines.append(f"{case:<11}per move alone, ms per generation: "
                          + ", ".join(f"{k} {v:.3f}" for k, v in row["per_move_ms"].items()))
-        if args.length_block is not None:
-            row["length_blocks"] = {runs: length_blocks(alignment, ours_model, priors, args.length_block_steps,
-                                                        args.length_block or [0, 10, 50], runs)
-                                    for runs in args.length_block_runs}
-            for runs, by_k in row["length_blocks"].items():
-                lines.append(f"{case:<11}{runs} runs x 4 chains, ms per branch-multiplier generation: "
+        if args.fused is not None:
+            blocks = args.fused or [0, 10, 50]
+            row["fused"] = {runs: fused(alignment, ours_model, priors, args.fused_steps, blocks, runs)
+                            for runs in args.fused_runs}
+            for runs, by_k in row["fused"].items():
+                lines.append(f"{case:<11}{runs} runs x 4 chains, ms per NNI/multiplier generation: "
                              + ", ".join(f"K={k} {r['ms_per_generation']:.4f} (acc {r['acceptance']:.2f}, first"
                                          f" {r['first_call_s']:.1f} s)" for k, r in by_k.items()))
                 print(lines[-1], flush=True)
         if not args.no_run:
             row["jaxphylo"] = ours_to_stop(alignment, ours_model, priors, max_generations, args.block, args.seed,
-                                           args.run_length_block)
+                                           args.run_fused)
             row["mrbayes"] = None if args.no_mrbayes else mrbayes_to_stop(case, max_generations, args.seed)
             for program in ("jaxphylo", "mrbayes"):
                 r = row[program]

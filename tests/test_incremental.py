@@ -212,50 +212,76 @@ def test_a_generation_updates_the_buffers_in_place():
         assert not [line for line in text.splitlines() if f"[{shape}]" in line and " copy(" in line]
 
 
-def test_length_generations_in_one_launch_equal_one_generation_at_a_time():
-    """tgMC³'s fused kernel (`kernels.length_generations`: G branch-multiplier generations per chain in one
-    launch, interpreted on a CPU) against the same generations one at a time with every node recomputed
-    (`batch_pattern_log_likelihoods`), from the same draws: the same accept decisions, lengths bit for bit,
-    log L within 1e-10 relative, and kept partials that give it; heated chains and +G4 under GTR."""
-    alignment, model = alignment_of("simulated"), jp.parse_model(GTR)
+@pytest.mark.parametrize("name, model_string", [("simulated", GTR), ("DS1", "JC")])
+def test_fused_generations_equal_one_generation_at_a_time(name, model_string):
+    """tgMC³'s fused kernel (`kernels.fused_generations`: G generations per chain in one launch, each a branch
+    multiplier or a stochastic NNI, interpreted on a CPU) against the same generations made one at a time with
+    every node recomputed (`batch_pattern_log_likelihoods`), from the same draws: the same accept decisions and
+    trees, lengths to the ulp, log L within 1e-10 relative, and kept partials that give it; heated chains,
+    GTR+G4 on simulated data and JC on DS1."""
+    alignment, model = alignment_of(name), jp.parse_model(model_string)
     batch = chains(alignment, seed=5)
     data, dtype = pattern_data(alignment, batch), jnp.float64
     widths = phase_widths(len(alignment.taxa), max_step_width(model, data, dtype, CHAINS))
     parents, lengths = batch.parents, batch.branch_lengths
     b, m = parents.shape
-    generations, rate = 6, 10.0
+    num_tips, generations, rate = len(alignment.taxa), 8, 10.0
     weights = jnp.asarray(data.weights)
-    full = lambda x: batch_pattern_log_likelihoods(model, parents, x, data, widths, dtype) @ weights  # noqa: E731
-    k_edge, k_m, k_u = jax.random.split(jax.random.PRNGKey(8), 3)
-    edges = jax.random.choice(k_edge, jnp.flatnonzero(parents[0] >= 0), (b, generations))  # any non-root node
+    full = lambda p, x: batch_pattern_log_likelihoods(model, p, x, data, widths, dtype) @ weights  # noqa: E731
+    k_kind, k_edge, k_side, k_m, k_u = jax.random.split(jax.random.PRNGKey(8), 5)
+    kinds = jax.random.bernoulli(k_kind, 0.5, (b, generations)).astype(jnp.int32)
+    root = np.asarray(jnp.argmin(parents, axis=1))
+    # NNI: internal nodes other than the root and its children (ids stay internal under NNIs); multiplier: any
+    # non-root node. The same draw picks either.
+    internal = [np.array([v for v in range(num_tips, m) if v != root[c] and parents[c, v] != root[c]])
+                for c in range(b)]
+    anywhere = [np.array([v for v in range(m) if v != root[c]]) for c in range(b)]
+    pick = np.asarray(jax.random.uniform(k_edge, (b, generations)))
+    edges = np.array([[(internal[c] if kinds[c, g] else anywhere[c])[int(pick[c, g] * len(
+        internal[c] if kinds[c, g] else anywhere[c]))] for g in range(generations)] for c in range(b)])
+    sides = jax.random.bernoulli(k_side, 0.5, (b, generations)).astype(jnp.int32)
     log_m = 2 * np.log(2) * (jax.random.uniform(k_m, (b, generations)) - 0.5)
     log_u = jnp.log(jax.random.uniform(k_u, (b, generations)))
     beta = jnp.array([1.0, 1 / 1.1, 1 / 1.2, 1 / 1.3])
 
     state, per_pattern = full_partials(model, parents, lengths, data, dtype)
-    out = kernels.length_generations(
-        *spectral_arrays(model, dtype, batch=b), data.tip_codes, data.tip_table, data.weights, parents,
-        jax.vmap(kernel_children)(parents), lengths, state.partials, state.log_scales, state.current,
-        per_pattern @ weights, beta, edges, log_m, log_u, rate, interpret=True)
-    new_lengths, partials, log_scales, buffer, log_likelihood, accepted = out
+    out = kernels.fused_generations(
+        *spectral_arrays(model, dtype, batch=b), data.tip_codes, data.tip_table, data.weights, parents, lengths,
+        state.partials, state.log_scales, state.current, per_pattern @ weights, beta, kinds, edges, sides, log_m,
+        log_u, rate, interpret=True)
+    new_parents, new_lengths, partials, log_scales, buffer, log_likelihood, accepted = out
 
-    expected, current, count = lengths, full(lengths), np.zeros(b, int)
+    tree_parents, tree_lengths = np.array(parents), np.array(lengths)
+    kids = np.array(jax.vmap(kernel_children)(parents))  # slot order as the kernel keeps it
+    current, count = np.array(full(parents, lengths)), np.zeros((b, 2), int)
     for g in range(generations):
-        rows = jnp.arange(b)
-        proposed = expected.at[rows, edges[:, g]].multiply(jnp.exp(log_m[:, g]))
-        value = full(proposed)
-        ratio = beta * (value - current - rate * (proposed[rows, edges[:, g]] - expected[rows, edges[:, g]])) \
-            + log_m[:, g]
-        accept = log_u[:, g] < ratio
-        expected = jnp.where(accept[:, None], proposed, expected)
-        current = jnp.where(accept, value, current)
-        count += np.asarray(accept)
+        proposed = [tree_parents.copy(), tree_lengths.copy(), kids.copy()]
+        for c in range(b):
+            e = edges[c, g]
+            if kinds[c, g]:
+                p, _, k = proposed
+                u, x = p[c, e], kids[c, e, sides[c, g]]
+                s = k[c, u, 1] if k[c, u, 0] == e else k[c, u, 0]
+                p[c, x], p[c, s] = u, e
+                k[c, e, sides[c, g]] = s
+                k[c, u, list(k[c, u]).index(s)] = x
+            else:
+                proposed[1][c, e] *= np.exp(log_m[c, g])
+        value = np.asarray(full(jnp.asarray(proposed[0]), jnp.asarray(proposed[1])))
+        for c in range(b):
+            moved = proposed[1][c, edges[c, g]] - tree_lengths[c, edges[c, g]]
+            ratio = beta[c] * (value[c] - current[c] - rate * moved) + (0.0 if kinds[c, g] else log_m[c, g])
+            if log_u[c, g] < ratio:
+                tree_parents[c], tree_lengths[c], kids[c] = proposed[0][c], proposed[1][c], proposed[2][c]
+                current[c] = value[c]
+                count[c, kinds[c, g]] += 1
     np.testing.assert_array_equal(accepted, count)
-    assert 0 < count.sum() < b * generations
-    np.testing.assert_array_equal(new_lengths, expected)
+    assert count[:, 0].sum() > 0 and count[:, 1].sum() > 0 and count.sum() < b * generations
+    np.testing.assert_array_equal(new_parents, tree_parents)
+    np.testing.assert_allclose(new_lengths, tree_lengths, rtol=1e-14)  # exp(log m): XLA's against NumPy's, an ulp
     np.testing.assert_allclose(log_likelihood, current, rtol=1e-10)
-    root = jnp.argmin(parents, axis=1)
-    kept = kernels.update_log_likelihoods(partials, log_scales, buffer.astype(jnp.int32), root,
+    kept = kernels.update_log_likelihoods(partials, log_scales, buffer.astype(jnp.int32), jnp.argmin(new_parents, 1),
                                           jnp.broadcast_to(model.substitution.frequencies, (b, 4)),
-                                          jnp.broadcast_to(model.rate_categories()[1], (b, 4)), len(alignment.taxa))
+                                          jnp.broadcast_to(model.rate_categories()[1], (b, len(
+                                              model.rate_categories()[1]))), num_tips)
     np.testing.assert_allclose(kept @ weights, current, rtol=1e-10)

@@ -38,6 +38,24 @@ def prior_run(moves, model="JC", samples=2000, tune=0, branch_rate=10.0):
     return mc3(alignment, model, settings=settings, prior_only=True, seed=3)
 
 
+def assert_uniform_topologies(result):
+    """Each of the 15 topologies within 0.015 of 1/15, pooled over the runs."""
+    counts = {}
+    for run in result.runs:
+        for sample in run.splits:
+            counts[frozenset(sample)] = counts.get(frozenset(sample), 0) + 1
+    frequencies = np.array(list(counts.values())) / sum(counts.values())
+    assert len(frequencies) == 15 and np.max(np.abs(frequencies - 1 / 15)) < 0.015, frequencies
+
+
+def assert_prior_trees(result, rate=10.0):
+    """Uniform topologies and the tree length (column 2) ~ Gamma(7, rate) (mean within 5%, variance within 15%)."""
+    assert_uniform_topologies(result)
+    lengths = np.concatenate([np.asarray(run.columns)[:, 2] for run in result.runs])
+    assert lengths.mean() == pytest.approx(7 / rate, rel=0.05)
+    assert lengths.var() == pytest.approx(7 / rate**2, rel=0.15)
+
+
 @pytest.mark.parametrize("moves, rate", [
     ({"nni": 1, "branch_multiplier": 1}, 10.0),
     ({"spr": 1, "branch_multiplier": 1}, 10.0),
@@ -50,16 +68,7 @@ def prior_run(moves, model="JC", samples=2000, tune=0, branch_rate=10.0):
 def test_each_move_recovers_the_prior(moves, rate):
     """Uniform topologies (15 for 5 taxa) and i.i.d. Exponential(rate) edges: tree length ~ Gamma(7, rate)."""
     result = prior_run(moves, branch_rate=rate)
-    counts = {}
-    for run in result.runs:
-        for sample in run.splits:
-            key = frozenset(sample)
-            counts[key] = counts.get(key, 0) + 1
-    frequencies = np.array(list(counts.values())) / sum(counts.values())
-    assert len(frequencies) == 15 and np.max(np.abs(frequencies - 1 / 15)) < 0.015, frequencies
-    lengths = np.concatenate([np.asarray(run.columns)[:, 2] for run in result.runs])
-    assert lengths.mean() == pytest.approx(7 / rate, rel=0.05)
-    assert lengths.var() == pytest.approx(7 / rate**2, rel=0.15)
+    assert_prior_trees(result, rate)
     edges = np.concatenate([np.asarray(run.tip_lengths).ravel() for run in result.runs])
     assert np.mean(edges > 3 / rate) == pytest.approx(np.exp(-3.0), abs=0.01)  # P(Exp(rate) > 3 / rate)
 
@@ -78,12 +87,7 @@ def test_moves_on_unlinked_part_lengths_recover_the_prior(moves, tmp_path):
     result = prior_run(moves, model=model)
     names = result.column_names
     assert names[:5] == ["LnL", "LnPr", "TL", "TL.a", "TL.b"]
-    counts = {}
-    for run in result.runs:
-        for sample in run.splits:
-            counts[frozenset(sample)] = counts.get(frozenset(sample), 0) + 1
-    frequencies = np.array(list(counts.values())) / sum(counts.values())
-    assert len(frequencies) == 15 and np.max(np.abs(frequencies - 1 / 15)) < 0.015, frequencies
+    assert_uniform_topologies(result)
     table = np.concatenate([np.asarray(run.columns) for run in result.runs])
     for part in (3, 4):
         assert table[:, part].mean() == pytest.approx(0.7, rel=0.05)
@@ -289,28 +293,21 @@ def test_incremental_chains_follow_the_full_recomputation(five_taxa):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_length_blocks_recover_the_prior(fused, monkeypatch):
-    """`length_block`: after every generation, 4 branch-multiplier generations per chain, in one launch of the
-    fused kernel (`kernels.length_generations`, interpreted on a CPU: fused=True) or one at a time (the
-    fallback); on an alignment of missing data (log L = 0 for every tree, so the kept partials are used and
-    the target is the prior): tree length ~ Gamma(7, 10) and uniform topologies, as for every move. The other
-    move is NNI alone, so only the blocks move the lengths."""
+def test_fused_generations_recover_the_prior(fused, monkeypatch):
+    """`fused_generations`: after every generation, 8 more per chain (NNI and branch multiplier, weights 1:1), in
+    one launch of the fused kernel (`kernels.fused_generations`, interpreted on a CPU: fused=True) or one at a
+    time (the fallback); on an alignment of missing data (log L = 0 for every tree, so the kept partials are used
+    and the target is the prior): tree length ~ Gamma(7, 10) and uniform topologies, as for every move. Eight in
+    nine generations are the block's, so a wrong block moves the tree length far outside the bounds (dropping
+    the multiplier's log m in the kernel gave a mean 16% low)."""
     from jaxphylo.likelihood import kernels
 
     monkeypatch.setattr(kernels, "fuses_generations", lambda states, patterns, categories: fused)
     simulated = jp.simulate(jp.random_topology_tree(TAXA, seed=1), jp.parse_model("JC"), 20, seed=1)
     alignment = jp.Alignment(TAXA, ("N" * 20,) * 5, simulated.alphabet)
     settings = MC3Settings(runs=16, chains=1, generations=5 * 2000, sample_every=5, tune=0, block=500,
-                           moves={"nni": 1}, length_block=4)
+                           moves={"nni": 1, "branch_multiplier": 1}, fused_generations=8)
     result = mc3(alignment, "JC", settings=settings, seed=3)
-    counts = {}
-    for run in result.runs:
-        for sample in run.splits:
-            counts[frozenset(sample)] = counts.get(frozenset(sample), 0) + 1
-    frequencies = np.array(list(counts.values())) / sum(counts.values())
-    assert len(frequencies) == 15 and np.max(np.abs(frequencies - 1 / 15)) < 0.015, frequencies
-    lengths = np.concatenate([np.asarray(run.columns)[:, 2] for run in result.runs])
-    assert lengths.mean() == pytest.approx(0.7, rel=0.05)
-    assert lengths.var() == pytest.approx(0.07, rel=0.15)
+    assert_prior_trees(result)
     np.testing.assert_allclose(np.asarray([run.columns for run in result.runs])[..., 0], 0.0, atol=1e-10)
-    assert 0.3 < result.acceptance["branch_multiplier"] < 0.9  # the blocks' generations, counted as the move's
+    assert 0.3 < result.acceptance["branch_multiplier"] < 0.9 and 0.9 < result.acceptance["nni"] <= 1.0

@@ -43,14 +43,15 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=100)
     parser.add_argument("--runs", type=int, default=2, help="independent runs, pooled (the golden pools 10)")
     parser.add_argument("--tag", default="", help="suffix of the results file")
-    parser.add_argument("--length-block", type=int, default=0,
-                        help="branch-multiplier generations per chain after each generation, in one launch on a GPU")
+    parser.add_argument("--fused-generations", type=int, default=0,
+                        help="NNI and branch-multiplier generations per chain after each generation (one launch on a "
+                             "GPU)")
     args = parser.parse_args()
     alignment = jp.read_alignment(DATA / "alignment.fasta")
     taxa = tuple(alignment.taxa)
     settings = jp.inference.MC3Settings(runs=args.runs, chains=4, generations=args.generations,
                                         sample_every=args.sample_every, stop_asdsf=args.stop_asdsf, block=args.block,
-                                        length_block=args.length_block)
+                                        fused_generations=args.fused_generations)
     began = time.perf_counter()
     result = jp.inference.mc3(alignment, "JC", settings=settings, seed=args.seed,
                               progress=lambda g, cold, a: print(f"{g}\t{cold}\tASDSF {a:.4f}\t"
@@ -70,7 +71,7 @@ def main() -> None:
                      key=lambda item: item[1])[0]
     record = {
         "device": str(jax.devices()[0]), "jax": jax.__version__, "runs": args.runs, "seed": args.seed,
-        "length_block": args.length_block,
+        "fused_generations": args.fused_generations,
         "xla_flags": os.environ.get("XLA_FLAGS", ""), "generations": result.generations,
         "seconds_total": wall, "seconds_sampling": result.seconds,
         "generations_per_second": result.generations / result.seconds, "asdsf": result.asdsf,

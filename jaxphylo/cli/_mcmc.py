@@ -35,9 +35,9 @@ def add_command(subparsers) -> None:
     mcmc.add_argument("--hmc", type=float, default=0.0,
                       help="weight of the HMC move over all edge lengths and parameters (default 0: off; the other "
                            "moves weigh 21 together)")
-    mcmc.add_argument("--length-block", type=int, default=0, metavar="K",
-                      help="after every generation, K branch-multiplier generations per chain; on a GPU in one launch "
-                           "(tgMC³'s fused kernel). Default 0")
+    mcmc.add_argument("--fused-generations", type=int, default=0, metavar="K",
+                      help="after every generation, K more per chain, each an NNI or a branch multiplier (by their "
+                           "weights); on a GPU in one launch (tgMC³'s fused kernel). Default 0")
     mcmc.add_argument("--block", type=int, default=50, help="samples per device call (a checkpoint after each)")
     mcmc.add_argument("--seed", type=int, default=0)
     mcmc.add_argument("--out", "-o", default="mcmc", help="output folder (default ./mcmc)")
@@ -66,7 +66,7 @@ def run(args) -> None:
     settings = MC3Settings(runs=args.runs, chains=args.chains, generations=args.generations,
                            sample_every=args.sample_every, temperature=args.temperature, stop_asdsf=args.stop_asdsf,
                            block=args.block, branch_rate=args.branch_rate, moves=dict(DEFAULT_MOVES, hmc=args.hmc),
-                           length_block=args.length_block)
+                           fused_generations=args.fused_generations)
     _plan(alignment, model, args, settings.runs * settings.chains)  # every chain's tree is evaluated at once
     if args.dry_run:
         return

@@ -42,7 +42,7 @@ from ..._errors import InputError
 from ...likelihood import NodePartials, accept_partials, batch_pattern_log_likelihoods, kernels, spectral_arrays
 from ...models import Model, ModelCoordinates, category_count, sample_model
 from ...runtime import SHARE_TRACING, batch_specs, is_local, run_shares, shard_batch, splits_batch
-from ...tree import from_view, kernel_children, to_view
+from ...tree import from_view, to_view
 from .. import base, tempered
 from ..base import MCMCState, Proposal, chain_keys, check_moves, draw_moves, mixture, where
 from ..moves import (
@@ -53,6 +53,7 @@ MOVES = TOPOLOGY_MOVES + BRANCH_MOVES + ("parameters", "hmc")
 DEFAULT_MOVES = {"nni": 3.0, "spr": 2.0, "espr": 3.0, "etbr": 3.0, "branch_multiplier": 5.0, "tree_length": 1.0,
                  "node_slider": 2.0, "parameters": 2.0, "hmc": 0.0}
 TARGET_ACCEPTANCE = 0.3
+FUSED_MOVES = ("branch_multiplier", "nni")  # what a fused generation draws from, by the moves' weights
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,14 @@ class MC3Settings:
     hmc_steps: int = HMC_STEPS  # leapfrog steps of an HMC move
     branch_rate: float = 10.0  # edge lengths ~ Exponential(rate): MrBayes's brlenspr = unconstrained:exponential(10)
     incremental: bool = True  # keep every chain's partials and recompute only what a move touched (False: all)
-    length_block: int = 0  # after every generation, this many branch-multiplier generations in one launch (tgMC³)
+    fused_generations: int = 0  # after every generation, this many more of NNI and branch multiplier (tgMC³)
 
     def __post_init__(self):
         object.__setattr__(self, "moves", tuple(dict(self.moves).items()))  # hashable: a static argument
-        if int(self.length_block) < 0:
-            raise InputError(f"--length-block must not be negative, got {self.length_block}")
+        if int(self.fused_generations) < 0:
+            raise InputError(f"--fused-generations must not be negative, got {self.fused_generations}")
+        if self.fused_generations and not any(dict(self.moves).get(name, 0.0) > 0 for name in FUSED_MOVES):
+            raise InputError("--fused-generations needs a positive weight on nni or branch_multiplier")
         for name in ("runs", "chains", "generations", "sample_every", "block", "hmc_steps"):
             if int(getattr(self, name)) < 1:
                 raise InputError(f"mcmc setting {name} must be at least 1, got {getattr(self, name)}")
@@ -244,37 +247,40 @@ def move_weights(settings: MC3Settings, has_params: bool) -> jax.Array:
 
 def build_kernel(posterior: Posterior, settings: MC3Settings, tune_generations, has_params: bool):
     """`step(key, state) -> (state, info)`: one generation of every chain (`base.build_kernel` with MC³'s
-    proposals), at its heat, then the heat swaps (`tempered.tempered`); with `settings.length_block`, then that
-    many branch-multiplier generations of every chain (`length_block`)."""
+    proposals), at its heat, then the heat swaps (`tempered.tempered`); with `settings.fused_generations`, then
+    that many generations of NNI and branch multiplier (`fused_block`)."""
     step = base.build_kernel(_propose(posterior, settings, move_weights(settings, has_params)), posterior.score,
                              _target_acceptance, tune_generations, (1e-4, 20.0), posterior.keep)
     step = tempered.tempered(step, settings.chains, settings.temperature)
-    if not settings.length_block:
+    if not settings.fused_generations:
         return step
-    lengths = length_block(posterior, settings, tune_generations, has_params)
+    fused = fused_block(posterior, settings, tune_generations, has_params)
 
-    def with_lengths(key, state):
-        k_step, k_lengths = jax.random.split(key)
+    def with_fused(key, state):
+        k_step, k_fused = jax.random.split(key)
         state, info = step(k_step, state)
-        return lengths(k_lengths, state), info
+        return fused(k_fused, state), info
 
-    return with_lengths
+    return with_fused
 
 
-def length_block(posterior: Posterior, settings: MC3Settings, tune_generations, has_params: bool):
-    """`block(key, state) -> state`: `settings.length_block` generations of MrBayes's branch multiplier for every
-    chain at its heat, tgMC³'s way where the kept partials allow: one launch of `kernels.length_generations`
-    (proposal, dirty path, acceptance and the next proposal inside the program, chains across the grid), drawn
-    from each chain's own stream. Elsewhere (the C++ or XLA update, a partitioned model) the same generations
-    one at a time through `base.build_kernel`. Either way the acceptances count as the branch multiplier's,
+def fused_block(posterior: Posterior, settings: MC3Settings, tune_generations, has_params: bool):
+    """`block(key, state) -> state`: `settings.fused_generations` generations of every chain at its heat, each a
+    stochastic NNI or a branch multiplier (drawn by their weights in `settings.moves`), tgMC³'s way where the
+    kept partials allow: one launch of `kernels.fused_generations` (proposal, dirty path, acceptance and the
+    next proposal inside the program, chains across the grid), its draws from each chain's own stream.
+    Elsewhere (the C++ or XLA update, a partitioned model, data one program per chain covers slowly) the same
+    moves one generation at a time through `base.build_kernel`. Either way the acceptances count as the moves',
     and `generation` (tuning's clock) counts the outer generations only."""
-    count, column = settings.length_block, MOVES.index("branch_multiplier")
+    count = settings.fused_generations
+    weights = dict(settings.moves)
+    nni = weights.get("nni", 0.0) / sum(weights.get(name, 0.0) for name in FUSED_MOVES)
     beta = tempered.heats(settings.chains, settings.temperature)
     data = posterior.data
-    fused_kernel = posterior.keeps_partials and kernels.fuses_generations(
+    fusable = posterior.keeps_partials and kernels.fuses_generations(
         data.tip_table.shape[1], data.tip_codes.shape[1], category_count(posterior.coordinates.template))
-    if not fused_kernel:
-        only = replace(settings, moves={"branch_multiplier": 1.0}, length_block=0)
+    if not fusable:
+        only = replace(settings, moves={name: weights.get(name, 0.0) for name in FUSED_MOVES}, fused_generations=0)
         one = base.build_kernel(_propose(posterior, only, move_weights(only, has_params)), posterior.score,
                                 _target_acceptance, tune_generations, (1e-4, 20.0), posterior.keep)
 
@@ -290,28 +296,38 @@ def length_block(posterior: Posterior, settings: MC3Settings, tune_generations, 
         chains = state.chains
         at = chains.position
         parents, lengths = jax.vmap(from_view)(at.up, at.edge, at.root)
-        b = parents.shape[0]
+        b, n = parents.shape[0], posterior.num_tips
         models, per_chain = posterior._models(at.params)
-        draws = jax.vmap(lambda k: jax.random.uniform(k, (3, count), posterior.dtype))(chain_keys(key, chains.chain))
-        # The 2N - 3 edges are the view's (`up >= 0`); the view edge of tip 0's neighbour w is kernel node 0's.
-        eligible = at.up >= 0
-        order = jnp.argsort(~eligible, axis=1, stable=True)
-        pick = jnp.minimum((draws[:, 0] * (2 * posterior.num_tips - 3)).astype(jnp.int32), 2 * posterior.num_tips - 4)
-        edges = jnp.take_along_axis(order, pick, axis=1)
+        draws = jax.vmap(lambda k: jax.random.uniform(k, (5, count), posterior.dtype))(chain_keys(key, chains.chain))
+        kinds = (draws[:, 0] < nni).astype(jnp.int32)
+        # The 2N - 3 edges are the view's (`up >= 0`; the view edge of tip 0's neighbour w is kernel node 0's); the
+        # N - 3 internal ones are above internal nodes whose view parent is internal. Ids are kept by NNIs.
+        def uniform(mask, u):
+            order = jnp.argsort(~mask, axis=1, stable=True)
+            total = jnp.sum(mask, axis=1, keepdims=True)
+            return jnp.take_along_axis(order, jnp.minimum((u * total).astype(jnp.int32), total - 1), axis=1)
+
+        node = jnp.arange(parents.shape[1])
         w = jnp.argmax(at.up == 0, axis=1)
-        edges = jnp.where(edges == w[:, None], 0, edges)
-        log_m = chains.tunings[:, :1] * (draws[:, 1] - 0.5)
+        multiplied = uniform(at.up >= 0, draws[:, 1])
+        multiplied = jnp.where(multiplied == w[:, None], 0, multiplied)
+        exchanged = uniform((node >= n) & (at.up >= n), draws[:, 1])
+        edges = jnp.where(kinds == 1, exchanged, multiplied)
+        log_m = chains.tunings[:, :1] * (draws[:, 2] - 0.5)
         cache = chains.cache
-        lengths, partials, log_scales, buffer, log_likelihood, accepted = kernels.length_generations(
+        parents, lengths, partials, log_scales, buffer, log_likelihood, accepted = kernels.fused_generations(
             *spectral_arrays(models, posterior.dtype, per_chain, b), data.tip_codes, data.tip_table, data.weights,
-            parents, jax.vmap(kernel_children)(parents), lengths, cache.partials, cache.log_scales, cache.current,
-            chains.log_likelihood, beta[state.heat], edges, log_m, jnp.log(draws[:, 2]), posterior.branch_rate)
-        _, edge = jax.vmap(to_view)(parents, lengths)
+            parents, lengths, cache.partials, cache.log_scales, cache.current, chains.log_likelihood,
+            beta[state.heat], kinds, edges, (draws[:, 3] < 0.5).astype(jnp.int32), log_m, jnp.log(draws[:, 4]),
+            posterior.branch_rate)
+        up, edge = jax.vmap(to_view)(parents, lengths)
+        columns = jnp.asarray([MOVES.index(name) for name in FUSED_MOVES])
+        proposed = jnp.stack([count - jnp.sum(kinds, axis=1), jnp.sum(kinds, axis=1)], axis=1).astype(jnp.int32)
         chains = eqx.tree_at(
             lambda c: (c.position, c.log_likelihood, c.log_prior, c.proposed, c.accepted, c.cache), chains,
-            (UnrootedPosition(at.up, edge, at.root, at.params), log_likelihood,
-             posterior.log_priors(at.up, edge, at.params), chains.proposed.at[:, column].add(count),
-             chains.accepted.at[:, column].add(accepted), NodePartials(partials, log_scales, buffer, cache.computed)))
+            (UnrootedPosition(up.astype(at.up.dtype), edge, at.root, at.params), log_likelihood,
+             posterior.log_priors(up, edge, at.params), chains.proposed.at[:, columns].add(proposed),
+             chains.accepted.at[:, columns].add(accepted), NodePartials(partials, log_scales, buffer, cache.computed)))
         return eqx.tree_at(lambda s: s.chains, state, chains)
 
     return fused

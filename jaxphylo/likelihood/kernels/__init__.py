@@ -37,7 +37,7 @@ from ._preorder import (
     marginals as marginals,
     pre_order_partials as pre_order_partials,
 )
-from ._pallas import length_generations as length_generations
+from ._pallas import fused_generations as fused_generations
 from ._kernel import evaluate as evaluate, pattern_log_likelihoods as pattern_log_likelihoods
 from ._update import (
     level_table as update_level_table,

@@ -84,12 +84,12 @@ FUSED_MAX_TILE_CATEGORIES = 16  # pattern tiles x rate categories up to which a 
 
 
 def fuses_generations(states: int, patterns: int, categories: int) -> bool:
-    """Whether a sampler runs many generations in one launch (`_pallas.length_generations`): where the operation
+    """Whether a sampler runs many generations in one launch (`_pallas.fused_generations`): where the operation
     lists go to Pallas (`update_backend`: a GPU, up to `VECTOR_STATES` states), for data a single program per
     chain covers quickly, its pattern tiles times rate categories at most `FUSED_MAX_TILE_CATEGORIES` (it
-    visits them in turn). On an H200 (benchmarks/mc3.py --length-block, 8 chains) a branch-multiplier
-    generation took 0.065 ms fused against 0.143 one per launch on DS1 (8 tiles, JC) but 2.11 against 0.54 on
-    carnivores (44 tiles x 4 categories)."""
+    visits them in turn). On an H200 (benchmarks/mc3.py --fused, 8 chains) a branch-multiplier generation took
+    0.065 ms fused against 0.143 one per launch on DS1 (8 tiles, JC) but 2.11 against 0.54 on carnivores (44
+    tiles x 4 categories)."""
     tiles = -(-patterns // _pallas.update_tile(patterns))
     return update_backend(states) in ("pallas", "levels") and tiles * categories <= FUSED_MAX_TILE_CATEGORIES
 

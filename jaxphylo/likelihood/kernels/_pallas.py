@@ -41,7 +41,7 @@ from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
 from ...runtime import add_per_tree, product_precision, set_per_tree, take_per_tree
-from ...tree import Schedule
+from ...tree import Schedule, kernel_children
 from . import _pallas_blocks, _pallas_vectors, _update
 from ._pallas_blocks import padded_states
 from ._pallas_vectors import VECTOR_STATES
@@ -342,19 +342,20 @@ def _next_power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def length_generations(left: Float[Array, "B S S"], values: Float[Array, "B S"], right: Float[Array, "B S S"],
-                       rates: Float[Array, "B C"], category_weights: Float[Array, "B C"],
-                       root_frequencies: Float[Array, "B S"], tip_codes: Int[Array, "tips_plus_one patterns"],
-                       tip_table: Float[Array, "codes S"], pattern_weights: Float[Array, " patterns"],
-                       parents: Int[Array, "B M"], children: Int[Array, "B M 2"], lengths: Float[Array, "B M"],
-                       partials: Float[Array, "B 2 I C patterns S"], log_scales: Float[Array, "B 2 I patterns"],
-                       buffer: Int[Array, "B I"], log_likelihood: Float[Array, " B"], beta: Float[Array, " B"],
-                       edges: Int[Array, "B G"], log_multipliers: Float[Array, "B G"],
-                       log_uniforms: Float[Array, "B G"], branch_rate: float, interpret: bool | None = None):
-    """`G` branch-multiplier generations of every chain in one launch (`_pallas_vectors.length_generations`):
-    grid `(chains,)`, the kept partials of `_update` updated in place. `P_r(t) = left diag(exp(values r_c t))
-    right` is the model's spectral form. Returns `(lengths, partials, log_scales, buffer, log L, accepted [B])`.
-    """
+def fused_generations(left: Float[Array, "B S S"], values: Float[Array, "B S"], right: Float[Array, "B S S"],
+                      rates: Float[Array, "B C"], category_weights: Float[Array, "B C"],
+                      root_frequencies: Float[Array, "B S"], tip_codes: Int[Array, "tips_plus_one patterns"],
+                      tip_table: Float[Array, "codes S"], pattern_weights: Float[Array, " patterns"],
+                      parents: Int[Array, "B M"], lengths: Float[Array, "B M"],
+                      partials: Float[Array, "B 2 I C patterns S"], log_scales: Float[Array, "B 2 I patterns"],
+                      buffer: Int[Array, "B I"], log_likelihood: Float[Array, " B"], beta: Float[Array, " B"],
+                      kinds: Int[Array, "B G"], edges: Int[Array, "B G"], sides: Int[Array, "B G"],
+                      log_multipliers: Float[Array, "B G"], log_uniforms: Float[Array, "B G"], branch_rate: float,
+                      interpret: bool | None = None):
+    """`G` generations of every chain in one launch (`_pallas_vectors.fused_generations`: each a branch multiplier
+    or, where `kinds` is 1, a stochastic NNI): grid `(chains,)`, the kept partials of `_update` updated in place.
+    `P_r(t) = left diag(exp(values r_c t)) right` is the model's spectral form. Returns `(parents, lengths,
+    partials, log_scales, buffer, log L, accepted [B, 2])` (accepted multipliers, accepted NNIs)."""
     b, _, _, c, patterns, s = partials.shape
     m, internal = parents.shape[1], buffer.shape[1]
     num_tips, tile, interpret = tip_codes.shape[0] - 1, update_tile(patterns), _interpret(interpret)
@@ -365,24 +366,29 @@ def length_generations(left: Float[Array, "B S S"], values: Float[Array, "B S"],
     first = (columns >= (jnp.arange(tiles) * tile)[:, None])  # the last tile's overlap is counted by its neighbour
     weights = jnp.where(first, jnp.asarray(pattern_weights, dtype)[columns], 0.0)
     wide, deep = _next_power_of_two(m), _next_power_of_two(internal)  # Triton's vectors: powers of two
-    padded_lengths = jnp.pad(lengths.astype(dtype), ((0, 0), (0, wide - m)))
-    padded_buffer = jnp.pad(buffer.astype(jnp.int32), ((0, 0), (0, deep - internal)))
+    pad = lambda x, size, fill: jnp.pad(x, ((0, 0), (0, size - x.shape[1])), constant_values=fill)  # noqa: E731
+    children = jax.vmap(kernel_children)(parents).astype(jnp.int32)
+    tree = (pad(parents.astype(jnp.int32), wide, -1), pad(children[..., 0], wide, 0), pad(children[..., 1], wide, 0),
+            pad(lengths.astype(dtype), wide, 0.0))
+    padded_buffer = pad(buffer.astype(jnp.int32), deep, 0)
     call = _call(
-        _pallas_vectors.length_generations,
+        _pallas_vectors.fused_generations,
         consts=(num_tips, c, s, patterns, tile, tiles, edges.shape[1], float(branch_rate)),
         inputs=("left", "values", "right", "rates", "weights", "frequencies", "tips", "pattern_weights", "root",
-                "beta", "parents", "children", "edges", "log_multipliers", "log_uniforms", "lengths", "partials",
-                "log_scales", "buffer", "log_likelihood"),
-        outputs=dict(lengths=_shape(padded_lengths), partials=_shape(partials), log_scales=_shape(log_scales),
+                "beta", "kinds", "edges", "sides", "log_multipliers", "log_uniforms", "parents", "first", "second",
+                "lengths", "partials", "log_scales", "buffer", "log_likelihood"),
+        outputs=dict(parents=_shape(tree[0]), first=_shape(tree[1]), second=_shape(tree[2]),
+                     lengths=_shape(tree[3]), partials=_shape(partials), log_scales=_shape(log_scales),
                      buffer=_shape(padded_buffer), log_likelihood=jax.ShapeDtypeStruct((b,), dtype),
-                     accepted=jax.ShapeDtypeStruct((b,), jnp.int32)),
-        aliases={15: 0, 16: 1, 17: 2, 18: 3, 19: 4}, grid=(b,), interpret=interpret, name="length_generations")
+                     accepted=jax.ShapeDtypeStruct((b, 2), jnp.int32)),
+        aliases={15 + i: i for i in range(8)}, grid=(b,), interpret=interpret, name="fused_generations")
     cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+    integer = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
     root = jnp.argmin(parents, axis=1).astype(jnp.int32)
     out = call(cast(left), cast(values), cast(right), cast(rates), cast(category_weights), cast(root_frequencies),
-               tip_table.astype(dtype)[tip_codes], weights, root, cast(beta), parents.astype(jnp.int32),
-               children.astype(jnp.int32), edges.astype(jnp.int32), cast(log_multipliers), cast(log_uniforms),
-               padded_lengths, partials, log_scales, padded_buffer, cast(log_likelihood))
-    new_lengths, partials, log_scales, new_buffer, log_likelihood, accepted = out
-    return (new_lengths[:, :m], partials, log_scales, new_buffer[:, :internal].astype(buffer.dtype), log_likelihood,
-            accepted)
+               tip_table.astype(dtype)[tip_codes], weights, root, cast(beta), integer(kinds), integer(edges),
+               integer(sides), cast(log_multipliers), cast(log_uniforms), *tree, partials, log_scales, padded_buffer,
+               cast(log_likelihood))
+    new_parents, _, _, new_lengths, partials, log_scales, new_buffer, log_likelihood, accepted = out
+    return (new_parents[:, :m].astype(parents.dtype), new_lengths[:, :m], partials, log_scales,
+            new_buffer[:, :internal].astype(buffer.dtype), log_likelihood, accepted)

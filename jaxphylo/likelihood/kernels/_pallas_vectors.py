@@ -209,22 +209,26 @@ def update_level(consts, refs):
 
 def _pick(vector, index):
     """`vector[index]` for a traced index: a masked sum (Triton cannot index a register vector)."""
-    return jnp.sum(jnp.where(jnp.arange(vector.shape[0]) == index, vector, jnp.zeros_like(vector)))
+    return jnp.sum(jnp.where(jnp.arange(vector.shape[0]) == index, vector, jnp.zeros_like(vector))).astype(vector.dtype)
 
 
-def length_generations(consts, refs):
-    """tgMC³'s trick: `G` generations of MrBayes's branch multiplier per chain in one launch, program `b` one chain.
+def fused_generations(consts, refs):
+    """tgMC³'s trick: `G` generations per chain in one launch, program `b` one chain, each generation a stochastic
+    NNI or MrBayes's branch multiplier (`kinds[b, g]`: 1 or 0).
 
-    A generation proposes `x' = m x` on edge `edges[b, g]` (`log m = log_multipliers[b, g]`), recomputes
-    the path from the edge's parent to the root into every path node's other buffer (`P` of the two children
-    of each path node formed in the program from the model's spectral form, `P_r = L diag(exp(lam r t)) R`),
-    sums the root's `log L` over the patterns (`pattern_weights [tiles, T]`, 0 where the last tile overlaps its
-    neighbour), and accepts when `log u < beta (dlog L - rate (x' - x)) + log m` (`log u =
-    log_uniforms[b, g]`; Exponential(rate) edge lengths, the chain's heat `beta`): then the path's buffer
-    indices flip, else nothing is undone. Lengths, buffer indices and `log L` stay in registers between
-    generations; a node's pattern tiles are visited in a loop, and each tile's rows are read back only by the
-    threads that wrote them (the walks' rule), so no barrier is needed. The proposal, its dirty path, the
-    acceptance and the next proposal never leave the program.
+    Multiplier: `x' = m x` on the edge above node `edges[b, g]` (`log m = log_multipliers[b, g]`); NNI: across
+    the internal edge above node `v = edges[b, g]` (below `u`), `v`'s child `sides[b, g]` and `v`'s sibling
+    change places, every node keeping its edge length. The generation recomputes the path from the edge to the
+    root into every path node's other buffer (`P` of each path node's children formed in the program from the
+    model's spectral form, `P_r = L diag(exp(lam r t)) R`), sums the root's `log L` over the patterns
+    (`pattern_weights [tiles, T]`, 0 where the last tile overlaps its neighbour), and accepts when `log u <
+    beta (dlog L + dlog prior) + log q` (`log u = log_uniforms[b, g]`; Exponential(rate) edges, so `dlog prior =
+    -rate (x' - x)` and `log q = log m` for the multiplier, both 0 for the NNI; `beta` the chain's heat): then
+    the path's buffer indices flip and the new tree is kept, else nothing is undone. Parents, children,
+    lengths, buffer indices and `log L` stay in registers between generations; a node's pattern tiles are
+    visited in a loop, and each tile's rows are read back only by the threads that wrote them (the walks'
+    rule), so no barrier is needed. The proposal, its dirty path, the acceptance and the next proposal never
+    leave the program.
     """
     num_tips, num_categories, num_states, patterns, tile, tiles, generations, rate = consts
     b = pl.program_id(0)
@@ -236,6 +240,7 @@ def length_generations(consts, refs):
     frequencies = [refs.frequencies[b, i] for i in range(num_states)]
     root, beta = refs.root[b], refs.beta[b]
     rows = jnp.arange(refs.buffer.shape[1])
+    nodes = jnp.arange(refs.parents.shape[1])
 
     def transition(t):
         """`P_r(t)`, category by category, as `S x S` scalars."""
@@ -246,9 +251,10 @@ def length_generations(consts, refs):
                          for j in range(num_states)] for i in range(num_states)])
         return out
 
-    def node(v, lengths, buffer, dirty):
+    def node(v, tree, buffer, dirty):
         """Node v's partials from its children (a dirty child's from its other buffer) into its other buffer."""
-        kids = [refs.children[b, v, k] for k in range(2)]
+        _, first, second, lengths = tree
+        kids = [_pick(first, v), _pick(second, v)]
         matrices = [transition(_pick(lengths, kid)) for kid in kids]
         inner = [jnp.where(kid < num_tips, 0, kid - num_tips) for kid in kids]
         which = [jnp.where(_pick(dirty, i) > 0, 1 - _pick(buffer, i), _pick(buffer, i)) for i in inner]
@@ -290,27 +296,45 @@ def length_generations(consts, refs):
 
         return lax.fori_loop(0, tiles, one_tile, jnp.zeros((), refs.lengths.dtype))
 
-    def generation(g, carry):
-        lengths, buffer, current, accepted = carry
-        edge, log_m = refs.edges[b, g], refs.log_multipliers[b, g]
-        old = _pick(lengths, edge)
-        new = old * jnp.exp(log_m)
-        proposed = jnp.where(jnp.arange(lengths.shape[0]) == edge, new, lengths)
-        _, dirty = lax.while_loop(lambda c: c[0] >= 0,
-                                  lambda c: (refs.parents[b, c[0]], node(c[0], proposed, buffer, c[1])),
-                                  (refs.parents[b, edge], jnp.zeros_like(buffer)))
-        value = log_likelihood(buffer)
-        accept = refs.log_uniforms[b, g] < beta * (value - current - rate * (new - old)) + log_m
-        buffer = jnp.where(accept & (dirty > 0), 1 - buffer, buffer)
-        return (jnp.where(accept, proposed, lengths), buffer, jnp.where(accept, value, current),
-                accepted + accept.astype(jnp.int32))
+    def nni(tree, v, side):
+        """The tree with `v`'s child `side` and `v`'s sibling exchanged (v below u)."""
+        parents, first, second, lengths = tree
+        u = _pick(parents, v)
+        x = jnp.where(side == 0, _pick(first, v), _pick(second, v))
+        s = jnp.where(_pick(first, u) == v, _pick(second, u), _pick(first, u))
+        swap = lambda c: jnp.where((nodes == v) & (c == x), s, jnp.where((nodes == u) & (c == s), x, c))  # noqa: E731
+        parents = jnp.where(nodes == x, u, jnp.where(nodes == s, v, parents))
+        return parents, swap(first), swap(second), lengths
 
-    lengths, buffer, current, accepted = lax.fori_loop(
-        0, generations, generation, (refs.lengths[b, :], refs.buffer[b, :], refs.log_likelihood[b], jnp.int32(0)))
-    refs.lengths[b, :] = lengths
+    def generation(g, carry):
+        tree, buffer, current, accepted = carry
+        parents, first, second, lengths = tree
+        is_nni, edge, log_m = refs.kinds[b, g] == 1, refs.edges[b, g], refs.log_multipliers[b, g]
+        old = _pick(lengths, edge)
+        new = jnp.where(is_nni, old, old * jnp.exp(log_m))
+        scaled = (parents, first, second, jnp.where(nodes == edge, new, lengths))
+        proposed = tuple(jnp.where(is_nni, a, c) for a, c in zip(nni(tree, edge, refs.sides[b, g]), scaled))
+        start = jnp.where(is_nni, edge, _pick(parents, edge))
+        _, dirty = lax.while_loop(lambda c: c[0] >= 0,
+                                  lambda c: (_pick(proposed[0], c[0]), node(c[0], proposed, buffer, c[1])),
+                                  (start, jnp.zeros_like(buffer)))
+        value = log_likelihood(buffer)
+        log_q = jnp.where(is_nni, 0.0, log_m)
+        accept = refs.log_uniforms[b, g] < beta * (value - current - rate * (new - old)) + log_q
+        buffer = jnp.where(accept & (dirty > 0), 1 - buffer, buffer)
+        tree = tuple(jnp.where(accept, p, t) for p, t in zip(proposed, tree))
+        accepted = (accepted[0] + (accept & ~is_nni).astype(jnp.int32),
+                    accepted[1] + (accept & is_nni).astype(jnp.int32))
+        return tree, buffer, jnp.where(accept, value, current), accepted
+
+    tree = (refs.parents[b, :], refs.first[b, :], refs.second[b, :], refs.lengths[b, :])
+    tree, buffer, current, (multiplied, exchanged) = lax.fori_loop(
+        0, generations, generation, (tree, refs.buffer[b, :], refs.log_likelihood[b], (jnp.int32(0), jnp.int32(0))))
+    refs.parents[b, :], refs.first[b, :], refs.second[b, :], refs.lengths[b, :] = tree
     refs.buffer[b, :] = buffer
     refs.log_likelihood[b] = current
-    refs.accepted[b] = accepted
+    refs.accepted[b, 0] = multiplied
+    refs.accepted[b, 1] = exchanged
 
 
 def _power_of_two(top):
