@@ -311,3 +311,10 @@ def test_fused_generations_recover_the_prior(fused, monkeypatch):
     assert_prior_trees(result)
     np.testing.assert_allclose(np.asarray([run.columns for run in result.runs])[..., 0], 0.0, atol=1e-10)
     assert 0.3 < result.acceptance["branch_multiplier"] < 0.9 and 0.9 < result.acceptance["nni"] <= 1.0
+
+
+def test_fused_generations_settings_are_checked():
+    with pytest.raises(jp.InputError, match="--fused-generations must not be negative"):
+        MC3Settings(fused_generations=-1)
+    with pytest.raises(jp.InputError, match="needs a positive weight on nni or branch_multiplier"):
+        MC3Settings(fused_generations=4, moves={"spr": 1.0})

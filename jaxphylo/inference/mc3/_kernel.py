@@ -275,6 +275,7 @@ def fused_block(posterior: Posterior, settings: MC3Settings, tune_generations, h
     count = settings.fused_generations
     weights = dict(settings.moves)
     nni = weights.get("nni", 0.0) / sum(weights.get(name, 0.0) for name in FUSED_MOVES)
+    nni = nni if posterior.num_tips > 3 else 0.0  # three taxa have no internal edge
     beta = tempered.heats(settings.chains, settings.temperature)
     data = posterior.data
     fusable = posterior.keeps_partials and kernels.fuses_generations(
