@@ -154,10 +154,10 @@ def test_model_changes_and_per_tree_models(backend):
     assert np.all(np.asarray(proposal.computed)[np.asarray(moved)] == len(alignment.taxa) - 1)
 
 
-def test_level_table_orders_every_listed_node_once_after_its_children():
-    """A launch per level (`kernels.update_levels`): every listed node in exactly one launch, after the launches
-    of its listed children, at most `width` per chain and launch; checked on the operation lists of random
-    trees where a chain recomputes every node, a path, or nothing."""
+def test_level_schedule_orders_every_listed_node_once_after_its_children():
+    """A launch per level (`kernels.level_schedule`, `level_row`): every listed node in exactly one launch, after
+    the launches of its listed children, at most `width` per chain and launch; checked on the operation lists of
+    random trees where a chain recomputes every node, a path, or nothing."""
     alignment = alignment_of("simulated")
     batch = chains(alignment, seed=11)
     parents, lengths = batch.parents, batch.branch_lengths
@@ -168,8 +168,9 @@ def test_level_table_orders_every_listed_node_once_after_its_children():
     dirty = dirty_nodes(new_parents, new_lengths, parents, lengths, jnp.array([True, False, False, False]))
     operations, counts, depths = operation_lists(new_parents, dirty)
     for width in (1, 2, 3):
-        table, launches = kernels.update_level_table(operations, counts, depths, width)
-        table, launches = np.asarray(table), int(launches)
+        launch, slot, launches = kernels.level_schedule(counts, depths, width)
+        table = np.stack([kernels.level_row(operations, launch, slot, i, width) for i in range(int(launches) + 1)])
+        launches = int(launches)
         assert np.all(table[launches:] == -1)
         children = np.asarray(jax.vmap(kernel_children)(new_parents))
         for b in range(CHAINS):
@@ -280,7 +281,7 @@ def test_fused_generations_equal_one_generation_at_a_time(name, model_string):
     np.testing.assert_array_equal(new_parents, tree_parents)
     np.testing.assert_allclose(new_lengths, tree_lengths, rtol=1e-14)  # exp(log m): XLA's against NumPy's, an ulp
     np.testing.assert_allclose(log_likelihood, current, rtol=1e-10)
-    kept = kernels.update_log_likelihoods(partials, log_scales, buffer.astype(jnp.int32), jnp.argmin(new_parents, 1),
+    kept = kernels.kept_log_likelihoods(partials, log_scales, buffer.astype(jnp.int32), jnp.argmin(new_parents, 1),
                                           jnp.broadcast_to(model.substitution.frequencies, (b, 4)),
                                           jnp.broadcast_to(model.rate_categories()[1], (b, len(
                                               model.rate_categories()[1]))), num_tips)

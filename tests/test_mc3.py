@@ -313,6 +313,21 @@ def test_fused_generations_recover_the_prior(fused, monkeypatch):
     assert 0.3 < result.acceptance["branch_multiplier"] < 0.9 and 0.9 < result.acceptance["nni"] <= 1.0
 
 
+def test_fused_generations_keep_the_chains_precision_in_float32(five_taxa, monkeypatch):
+    """Under `precision="float32"` the partials and `P` are float32 but lengths, log L and the accept rule keep
+    the chains' float64: the fused block must hand back the state's dtypes (or the block's loop does not trace)
+    and log L must be the sampled trees' (float32 partials: 1e-5 relative)."""
+    from jaxphylo.likelihood import kernels
+
+    monkeypatch.setattr(kernels, "fuses_generations", lambda states, patterns, categories: True)
+    settings = MC3Settings(runs=1, chains=2, generations=200, sample_every=20, block=5, fused_generations=4)
+    result = mc3(five_taxa, "JC", settings=settings, seed=2, precision="float32")
+    (run,) = result.runs
+    columns = np.asarray(run.columns)
+    assert columns.dtype == np.float64 and np.all(np.isfinite(columns))
+    assert result.acceptance["nni"] > 0 and result.acceptance["branch_multiplier"] > 0
+
+
 def test_fused_generations_settings_are_checked():
     with pytest.raises(jp.InputError, match="--fused-generations must not be negative"):
         MC3Settings(fused_generations=-1)

@@ -37,7 +37,8 @@ def add_command(subparsers) -> None:
                            "moves weigh 21 together)")
     mcmc.add_argument("--fused-generations", type=int, default=0, metavar="K",
                       help="after every generation, K more per chain, each an NNI or a branch multiplier (by their "
-                           "weights); on a GPU in one launch (tgMC³'s fused kernel). Default 0")
+                           "weights); on a GPU, for nucleotide data of up to 2,048 pattern-categories, in one launch "
+                           "(tgMC³'s fused kernel), else one at a time. Default 0")
     mcmc.add_argument("--block", type=int, default=50, help="samples per device call (a checkpoint after each)")
     mcmc.add_argument("--seed", type=int, default=0)
     mcmc.add_argument("--out", "-o", default="mcmc", help="output folder (default ./mcmc)")

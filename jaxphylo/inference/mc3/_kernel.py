@@ -254,7 +254,7 @@ def build_kernel(posterior: Posterior, settings: MC3Settings, tune_generations, 
     step = tempered.tempered(step, settings.chains, settings.temperature)
     if not settings.fused_generations:
         return step
-    fused = fused_block(posterior, settings, tune_generations, has_params)
+    fused = fused_block(posterior, settings, has_params)
 
     def with_fused(key, state):
         k_step, k_fused = jax.random.split(key)
@@ -264,14 +264,15 @@ def build_kernel(posterior: Posterior, settings: MC3Settings, tune_generations, 
     return with_fused
 
 
-def fused_block(posterior: Posterior, settings: MC3Settings, tune_generations, has_params: bool):
+def fused_block(posterior: Posterior, settings: MC3Settings, has_params: bool):
     """`block(key, state) -> state`: `settings.fused_generations` generations of every chain at its heat, each a
     stochastic NNI or a branch multiplier (drawn by their weights in `settings.moves`), tgMC³'s way where the
     kept partials allow: one launch of `kernels.fused_generations` (proposal, dirty path, acceptance and the
     next proposal inside the program, chains across the grid), its draws from each chain's own stream.
     Elsewhere (the C++ or XLA update, a partitioned model, data one program per chain covers slowly) the same
     moves one generation at a time through `base.build_kernel`. Either way the acceptances count as the moves',
-    and `generation` (tuning's clock) counts the outer generations only."""
+    the multiplier uses the size the outer generations tune (the block itself tunes nothing), and `generation`
+    (tuning's clock) counts the outer generations only."""
     count = settings.fused_generations
     weights = dict(settings.moves)
     nni = weights.get("nni", 0.0) / sum(weights.get(name, 0.0) for name in FUSED_MOVES)
@@ -283,7 +284,7 @@ def fused_block(posterior: Posterior, settings: MC3Settings, tune_generations, h
     if not fusable:
         only = replace(settings, moves={name: weights.get(name, 0.0) for name in FUSED_MOVES}, fused_generations=0)
         one = base.build_kernel(_propose(posterior, only, move_weights(only, has_params)), posterior.score,
-                                _target_acceptance, tune_generations, (1e-4, 20.0), posterior.keep)
+                                _target_acceptance, 0, (1e-4, 20.0), posterior.keep)  # no tuning, as fused
 
         def stepwise(key, state: tempered.TemperedState):
             chains = jax.lax.fori_loop(

@@ -40,8 +40,9 @@ from ._preorder import (
 from ._pallas import fused_generations as fused_generations
 from ._kernel import evaluate as evaluate, pattern_log_likelihoods as pattern_log_likelihoods
 from ._update import (
-    level_table as update_level_table,
-    log_likelihoods as update_log_likelihoods,
+    kept_log_likelihoods as kept_log_likelihoods,
+    level_row as level_row,
+    level_schedule as level_schedule,
 )
 from ._walk import (
     exact_steps as exact_steps,

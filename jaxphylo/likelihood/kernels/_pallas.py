@@ -64,11 +64,11 @@ def walks(num_tips: int, states: int = 4) -> bool:
     return num_tips <= WALK_MAX_TIPS and not blocked(states)
 
 
-def _compiler_params():
+def _compiler_params(num_warps: int = NUM_WARPS):
     if jax.default_backend() == "gpu":
         from jax.experimental.pallas import triton as plt
 
-        return plt.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
+        return plt.CompilerParams(num_warps=num_warps, num_stages=1)
     return None
 
 
@@ -76,7 +76,8 @@ def _interpret(interpret):
     return jax.default_backend() == "cpu" if interpret is None else interpret
 
 
-def _call(body, consts, inputs: tuple[str, ...], outputs: dict, aliases: dict, grid, interpret: bool, name: str):
+def _call(body, consts, inputs: tuple[str, ...], outputs: dict, aliases: dict, grid, interpret: bool, name: str,
+          num_warps: int = NUM_WARPS):
     """`pallas_call` of `body(consts, refs)`, its refs named: an aliased input's name is its output's."""
 
     def kernel(*refs):
@@ -85,7 +86,7 @@ def _call(body, consts, inputs: tuple[str, ...], outputs: dict, aliases: dict, g
         body(consts, SimpleNamespace(**named))
 
     return pl.pallas_call(kernel, out_shape=tuple(outputs.values()), grid=grid, input_output_aliases=aliases,
-                          interpret=interpret, compiler_params=_compiler_params(), name=name)
+                          interpret=interpret, compiler_params=_compiler_params(num_warps), name=name)
 
 
 def _shape(x) -> jax.ShapeDtypeStruct:
@@ -295,6 +296,14 @@ def update_tile(patterns: int) -> int:
     return min(PATTERN_TILE, 1 << (patterns.bit_length() - 1))
 
 
+def update_warps(tile: int) -> int:
+    """Warps of a program whose vectors are `[tile]`: one thread per pattern (at most `NUM_WARPS`). The kept
+    partials' programs read back rows they wrote with no barrier, which is safe only where each pattern is
+    held by one thread; with more threads than patterns Triton would hold copies in other warps, which read
+    what one copy stored. Under 32 patterns the copies share one warp."""
+    return max(1, min(NUM_WARPS, tile // 32))
+
+
 def update_partials(transition, tip_codes, tip_table, partials, log_scales, buffer, children, operations, counts,
                     root, root_frequencies, category_weights, interpret: bool | None = None):
     """`_update.update_partials` as one launch: grid `(chains, pattern tiles)`, each program walking its chain's
@@ -306,10 +315,10 @@ def update_partials(transition, tip_codes, tip_table, partials, log_scales, buff
     walk = _call(_pallas_vectors.update_walk, consts=(num_tips, c, s, patterns, tile),
                  inputs=("operations", "counts", "children", "buffer", "transition", "tips", "partials", "log_scales"),
                  outputs=dict(partials=_shape(partials), log_scales=_shape(log_scales)), aliases={6: 0, 7: 1},
-                 grid=(b, -(-patterns // tile)), interpret=interpret, name="update_walk")
+                 grid=(b, -(-patterns // tile)), interpret=interpret, name="update_walk", num_warps=update_warps(tile))
     partials, log_scales = walk(operations.astype(jnp.int32), counts.astype(jnp.int32), children.astype(jnp.int32),
                                 buffer.astype(jnp.int32), transition, tips, partials, log_scales)
-    return partials, log_scales, _update.log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
+    return partials, log_scales, _update.kept_log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
                                                          category_weights, num_tips)
 
 
@@ -320,21 +329,25 @@ def update_levels(transition, tip_codes, tip_table, partials, log_scales, buffer
                   depths, root, root_frequencies, category_weights, interpret: bool | None = None,
                   width: int = LEVEL_WIDTH):
     """`update_partials` with one launch per dirty level instead of one walk: grid `(chains, width, pattern
-    tiles)`, launch `l` computing row `l` of `_update.level_table` (every chain's dirty nodes of one depth, up to
-    `width` of them; `_pallas_vectors.update_level`), in a loop over the levels any chain has dirty."""
+    tiles)`, launch `l` computing `_update.level_row` `l` of the lists' `level_schedule` (every chain's dirty nodes
+    of one depth, up to `width` of them; `_pallas_vectors.update_level`), in a loop over the levels any chain has
+    dirty."""
     b, _, _, c, patterns, s = partials.shape
     num_tips, tile, interpret = tip_codes.shape[0] - 1, update_tile(patterns), _interpret(interpret)
     tips = tip_table.astype(partials.dtype)[tip_codes]
-    table, launches = _update.level_table(operations.astype(jnp.int32), counts, depths, width)
+    operations = operations.astype(jnp.int32)
+    launch, slot, launches = _update.level_schedule(counts, depths, width)
     level = _call(_pallas_vectors.update_level, consts=(num_tips, c, s, patterns, tile),
                   inputs=("operations", "children", "buffer", "transition", "tips", "partials", "log_scales"),
                   outputs=dict(partials=_shape(partials), log_scales=_shape(log_scales)), aliases={5: 0, 6: 1},
-                  grid=(b, width, -(-patterns // tile)), interpret=interpret, name=f"update_level_w{width}")
+                  grid=(b, width, -(-patterns // tile)), interpret=interpret, name=f"update_level_w{width}",
+                  num_warps=update_warps(tile))
     children, buffer = children.astype(jnp.int32), buffer.astype(jnp.int32)
     partials, log_scales = lax.fori_loop(
-        0, launches, lambda i, carry: level(table[i], children, buffer, transition, tips, *carry),
+        0, launches, lambda i, carry: level(_update.level_row(operations, launch, slot, i, width), children, buffer,
+                                            transition, tips, *carry),
         (partials, log_scales))
-    return partials, log_scales, _update.log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
+    return partials, log_scales, _update.kept_log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
                                                          category_weights, num_tips)
 
 
@@ -364,12 +377,13 @@ def fused_generations(left: Float[Array, "B S S"], values: Float[Array, "B S"], 
     starts = jnp.minimum(jnp.arange(tiles) * tile, patterns - tile)
     columns = starts[:, None] + jnp.arange(tile)[None, :]
     first = (columns >= (jnp.arange(tiles) * tile)[:, None])  # the last tile's overlap is counted by its neighbour
-    weights = jnp.where(first, jnp.asarray(pattern_weights, dtype)[columns], 0.0)
+    weights = jnp.where(first, jnp.asarray(pattern_weights, lengths.dtype)[columns], 0.0)
     wide, deep = _next_power_of_two(m), _next_power_of_two(internal)  # Triton's vectors: powers of two
     pad = lambda x, size, fill: jnp.pad(x, ((0, 0), (0, size - x.shape[1])), constant_values=fill)  # noqa: E731
     children = jax.vmap(kernel_children)(parents).astype(jnp.int32)
+    real = lengths.dtype  # lengths, log L and the accept rule keep the chains' precision; P and partials `dtype`
     tree = (pad(parents.astype(jnp.int32), wide, -1), pad(children[..., 0], wide, 0), pad(children[..., 1], wide, 0),
-            pad(lengths.astype(dtype), wide, 0.0))
+            pad(lengths, wide, 0.0))
     padded_buffer = pad(buffer.astype(jnp.int32), deep, 0)
     call = _call(
         _pallas_vectors.fused_generations,
@@ -379,16 +393,17 @@ def fused_generations(left: Float[Array, "B S S"], values: Float[Array, "B S"], 
                 "lengths", "partials", "log_scales", "buffer", "log_likelihood"),
         outputs=dict(parents=_shape(tree[0]), first=_shape(tree[1]), second=_shape(tree[2]),
                      lengths=_shape(tree[3]), partials=_shape(partials), log_scales=_shape(log_scales),
-                     buffer=_shape(padded_buffer), log_likelihood=jax.ShapeDtypeStruct((b,), dtype),
+                     buffer=_shape(padded_buffer), log_likelihood=jax.ShapeDtypeStruct((b,), real),
                      accepted=jax.ShapeDtypeStruct((b, 2), jnp.int32)),
-        aliases={15 + i: i for i in range(8)}, grid=(b,), interpret=interpret, name="fused_generations")
-    cast = lambda x: jnp.asarray(x, dtype)  # noqa: E731
+        aliases={15 + i: i for i in range(8)}, grid=(b,), interpret=interpret, name="fused_generations",
+        num_warps=update_warps(tile))
+    cast = lambda x, to=dtype: jnp.asarray(x, to)  # noqa: E731
     integer = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
     root = jnp.argmin(parents, axis=1).astype(jnp.int32)
     out = call(cast(left), cast(values), cast(right), cast(rates), cast(category_weights), cast(root_frequencies),
-               tip_table.astype(dtype)[tip_codes], weights, root, cast(beta), integer(kinds), integer(edges),
-               integer(sides), cast(log_multipliers), cast(log_uniforms), *tree, partials, log_scales, padded_buffer,
-               cast(log_likelihood))
+               tip_table.astype(dtype)[tip_codes], weights, root, cast(beta, real), integer(kinds), integer(edges),
+               integer(sides), cast(log_multipliers, real), cast(log_uniforms, real), *tree, partials, log_scales,
+               padded_buffer, cast(log_likelihood, real))
     new_parents, _, _, new_lengths, partials, log_scales, new_buffer, log_likelihood, accepted = out
     return (new_parents[:, :m].astype(parents.dtype), new_lengths[:, :m], partials, log_scales,
             new_buffer[:, :internal].astype(buffer.dtype), log_likelihood, accepted)

@@ -255,7 +255,7 @@ def fused_generations(consts, refs):
         """Node v's partials from its children (a dirty child's from its other buffer) into its other buffer."""
         _, first, second, lengths = tree
         kids = [_pick(first, v), _pick(second, v)]
-        matrices = [transition(_pick(lengths, kid)) for kid in kids]
+        matrices = [transition(_pick(lengths, kid).astype(refs.partials.dtype)) for kid in kids]
         inner = [jnp.where(kid < num_tips, 0, kid - num_tips) for kid in kids]
         which = [jnp.where(_pick(dirty, i) > 0, 1 - _pick(buffer, i), _pick(buffer, i)) for i in inner]
         row = v - num_tips

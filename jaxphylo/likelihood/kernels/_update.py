@@ -74,34 +74,36 @@ def update_partials(
         return set_per_tree(partials, (to, row), p), set_per_tree(log_scales, (to, row), log_scale)
 
     partials, log_scales = lax.fori_loop(0, jnp.max(counts), node, (partials, log_scales))
-    return partials, log_scales, log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
+    return partials, log_scales, kept_log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
                                                  category_weights, num_tips)
 
 
-def level_table(operations: Int[Array, "B Q"], counts: Int[Array, " B"], depths: Int[Array, "B Q"], width: int
-                ) -> tuple[Int[Array, "L B W"], Int[Array, ""]]:
-    """The operation lists as launches of independent nodes: `(table [L, B, width], launches)`.
+def level_schedule(counts: Int[Array, " B"], depths: Int[Array, "B Q"], width: int
+                   ) -> tuple[Int[Array, "B Q"], Int[Array, "B Q"], Int[Array, ""]]:
+    """The operation lists as launches of independent nodes: `(launch [B, Q], slot [B, Q], launches)`.
 
     Launch `l` holds, for every chain, up to `width` listed nodes of one depth
-    (`depths [B, Q]`: each listed node's number of ancestors; -1 pads), the
-    deepest depth first, so every node's children are in earlier launches. A
-    depth where some chain lists more than `width` nodes (a chain recomputing
-    every node) takes several launches. Only the first `launches` rows are
-    used; `L` bounds them for any list (a depth holds at most `2^d` nodes).
+    (`depths [B, Q]`: each listed node's number of ancestors), the deepest
+    depth first, so every node's children are in earlier launches; `slot` is a
+    node's place in its launch (`level_row` gathers one launch). A depth where
+    some chain lists more than `width` nodes (a chain recomputing every node)
+    takes several launches. Entries past `counts[b]` get launch -1.
     """
-    b, q = operations.shape
+    b, q = depths.shape
     listed = jnp.arange(q)[None, :] < counts[:, None]
-    chain = jnp.arange(b)[:, None]
-    at_depth = jnp.zeros((b, q), jnp.int32).at[chain, depths].add(listed.astype(jnp.int32))
+    at_depth = jnp.zeros((b, q), jnp.int32).at[jnp.arange(b)[:, None], depths].add(listed.astype(jnp.int32))
     rounds = jnp.max(-(-at_depth // width), axis=0)  # launches per depth
     first = jnp.cumsum(rounds[::-1])[::-1] - rounds  # launches before a depth's: those of the deeper ones
     deeper = jnp.cumsum(at_depth[:, ::-1], axis=1)[:, ::-1] - at_depth  # per chain, nodes listed before a depth
     rank = jnp.arange(q)[None, :] - jnp.take_along_axis(deeper, depths, axis=1)  # lists are deepest first
-    bound = sum(-(-min(q, 2 ** d) // width) for d in range(q))
-    launch = jnp.where(listed, first[depths] + rank // width, bound)
-    table = jnp.full((bound, b, width), -1, jnp.int32)
-    table = table.at[launch, jnp.broadcast_to(chain, (b, q)), rank % width].set(operations, mode="drop")
-    return table, jnp.sum(rounds)
+    return jnp.where(listed, first[depths] + rank // width, -1), rank % width, jnp.sum(rounds)
+
+
+def level_row(operations: Int[Array, "B Q"], launch: Int[Array, "B Q"], slot: Int[Array, "B Q"], index,
+              width: int) -> Int[Array, "B W"]:
+    """Launch `index` of `level_schedule`: each chain's nodes in their slots, -1 where a slot is empty."""
+    hit = (launch == index)[:, :, None] & (slot[:, :, None] == jnp.arange(width))
+    return jnp.max(jnp.where(hit, operations[:, :, None], -1), axis=1).astype(jnp.int32)
 
 
 def rescale_by_power_of_two(p: Float[Array, "*batch C patterns S"]):
@@ -112,7 +114,7 @@ def rescale_by_power_of_two(p: Float[Array, "*batch C patterns S"]):
     return jnp.ldexp(p, -exponent[..., None, :, None]), exponent.astype(p.dtype) * jnp.log(2.0).astype(p.dtype)
 
 
-def log_likelihoods(partials, log_scales, buffer, root, root_frequencies, category_weights,
+def kept_log_likelihoods(partials, log_scales, buffer, root, root_frequencies, category_weights,
                     num_tips: int) -> Float[Array, "B patterns"]:
     """`log L_c` from the root's rows: its rescaled partials and the sum of log scale factors below it."""
     row = root - num_tips
