@@ -55,6 +55,19 @@ sys.path.insert(0, str(ROOT / "validation" / "mc3"))
 CASES = {"DS1": ("JC", "JC69"), "carnivores": ("HKY+FO+G4", "HKY+G4")}
 
 
+def timed_block(alignment, model, priors, settings: MC3Settings, tune: int, prior_only: bool = False):
+    """`(first call s, second call s, state after it)` of one compiled block of `settings.generations`
+    generations (`block` samples of `sample_every`), from the same start both times."""
+    posterior, state, key = starting_state(alignment, model, settings, priors=priors, prior_only=prior_only)
+    count, tune = jnp.asarray(settings.block), jnp.asarray(tune)
+    began = time.perf_counter()
+    jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
+    first = time.perf_counter() - began
+    began = time.perf_counter()
+    state, _, _ = jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
+    return first, time.perf_counter() - began, state
+
+
 def breakdown(alignment, model, priors, generations: int = 1000, runs: int = 2) -> dict:
     """Milliseconds per generation: whole (kept partials, the default; and every node recomputed, the
     reference), moves and priors alone, one batched likelihood of every node alone."""
@@ -63,14 +76,8 @@ def breakdown(alignment, model, priors, generations: int = 1000, runs: int = 2) 
     for name, prior_only, incremental in (("generation_ms", False, True), ("full_generation_ms", False, False),
                                           ("moves_only_ms", True, True)):
         settings = replace(settings, incremental=incremental)
-        posterior, state, key = starting_state(alignment, model, settings, priors=priors, prior_only=prior_only)
-        count, tune = jnp.asarray(settings.block), jnp.asarray(settings.tune_generations)
-        began = time.perf_counter()
-        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
-        compile_s = time.perf_counter() - began
-        began = time.perf_counter()
-        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
-        out[name] = 1e3 * (time.perf_counter() - began) / generations
+        compile_s, seconds, _ = timed_block(alignment, model, priors, settings, settings.tune_generations, prior_only)
+        out[name] = 1e3 * seconds / generations
         out[name.replace("_ms", "_first_call_s")] = compile_s
     posterior, state, _ = starting_state(alignment, model, settings, priors=priors)
     state = state.chains.position
@@ -103,12 +110,8 @@ def per_move(alignment, model, priors, generations: int, runs: int = 2) -> dict:
             continue
         settings = MC3Settings(runs=runs, chains=4, generations=generations, sample_every=100,
                                block=max(1, generations // 100), moves={name: 1.0})
-        posterior, state, key = starting_state(alignment, model, settings, priors=priors)
-        count, tune = jnp.asarray(settings.block), jnp.asarray(settings.tune_generations)
-        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))  # compile
-        began = time.perf_counter()
-        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
-        out[name] = 1e3 * (time.perf_counter() - began) / generations
+        _, seconds, _ = timed_block(alignment, model, priors, settings, settings.tune_generations)
+        out[name] = 1e3 * seconds / generations
     return out
 
 
@@ -119,14 +122,7 @@ def fused(alignment, model, priors, steps: int, blocks, runs: int) -> dict:
     for k in blocks:
         settings = MC3Settings(runs=runs, chains=4, generations=steps, sample_every=10, block=max(1, steps // 10),
                                moves={"nni": 3.0, "branch_multiplier": 5.0}, fused_generations=k)
-        posterior, state, key = starting_state(alignment, model, settings, priors=priors)
-        count, tune = jnp.asarray(settings.block), jnp.asarray(0)
-        began = time.perf_counter()
-        jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
-        first = time.perf_counter() - began
-        began = time.perf_counter()
-        state, _, _ = jax.block_until_ready(run_block(state, key, posterior, settings, count, tune))
-        seconds = time.perf_counter() - began
+        first, seconds, state = timed_block(alignment, model, priors, settings, 0)
         chains = state.chains
         out[k] = {"ms_per_generation": 1e3 * seconds / (steps * (1 + k)), "first_call_s": first,
                   "acceptance": float(chains.accepted.sum() / chains.proposed.sum())}

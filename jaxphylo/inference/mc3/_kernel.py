@@ -44,7 +44,7 @@ from ...models import Model, ModelCoordinates, category_count, sample_model
 from ...runtime import SHARE_TRACING, batch_specs, is_local, run_shares, shard_batch, splits_batch
 from ...tree import from_view, to_view
 from .. import base, tempered
-from ..base import MCMCState, Proposal, chain_keys, check_moves, draw_moves, mixture, where
+from ..base import MCMCState, Proposal, chain_keys, check_moves, draw_moves, mixture, uniform_choice, where
 from ..moves import (
     BRANCH_MOVES, HMC_START_STEP, HMC_STEPS, HMC_TARGET_ACCEPTANCE, MULTIPLIER_TUNING, START_TUNING, TOPOLOGY_MOVES, hmc_proposal, propose_parameters, propose_tree, support_kind,
 )
@@ -300,28 +300,29 @@ def fused_block(posterior: Posterior, settings: MC3Settings, has_params: bool):
         parents, lengths = jax.vmap(from_view)(at.up, at.edge, at.root)
         b, n = parents.shape[0], posterior.num_tips
         models, per_chain = posterior._models(at.params)
-        draws = jax.vmap(lambda k: jax.random.uniform(k, (5, count), posterior.dtype))(chain_keys(key, chains.chain))
-        kinds = (draws[:, 0] < nni).astype(jnp.int32)
-        # The 2N - 3 edges are the view's (`up >= 0`; the view edge of tip 0's neighbour w is kernel node 0's); the
-        # N - 3 internal ones are above internal nodes whose view parent is internal. Ids are kept by NNIs.
-        def uniform(mask, u):
-            order = jnp.argsort(~mask, axis=1, stable=True)
-            total = jnp.sum(mask, axis=1, keepdims=True)
-            return jnp.take_along_axis(order, jnp.minimum((u * total).astype(jnp.int32), total - 1), axis=1)
-
         node = jnp.arange(parents.shape[1])
-        w = jnp.argmax(at.up == 0, axis=1)
-        multiplied = uniform(at.up >= 0, draws[:, 1])
-        multiplied = jnp.where(multiplied == w[:, None], 0, multiplied)
-        exchanged = uniform((node >= n) & (at.up >= n), draws[:, 1])
-        edges = jnp.where(kinds == 1, exchanged, multiplied)
-        log_m = chains.tunings[:, :1] * (draws[:, 2] - 0.5)
+
+        def draw(key, up, tuning):
+            """One chain's `count` generations: kind, edge, NNI side, `log m`, `log u`. The 2N - 3 edges are the
+            view's (`up >= 0`; the view edge of tip 0's neighbour w is kernel node 0's); the N - 3 internal ones
+            lie above internal nodes whose view parent is internal. NNIs keep node ids, so both sets hold."""
+            k_kind, k_edge, k_side, k_m, k_u = jax.random.split(key, 5)
+            kinds = jax.random.bernoulli(k_kind, nni, (count,)).astype(jnp.int32)
+            edge_keys = jax.random.split(k_edge, count)
+            choose = lambda mask: jax.vmap(uniform_choice, (0, None))(edge_keys, mask)  # noqa: E731
+            multiplied = choose(up >= 0)
+            multiplied = jnp.where(multiplied == jnp.argmax(up == 0), 0, multiplied)
+            edges = jnp.where(kinds == 1, choose((node >= n) & (up >= n)), multiplied)
+            sides = jax.random.bernoulli(k_side, 0.5, (count,)).astype(jnp.int32)
+            log_m = tuning * (jax.random.uniform(k_m, (count,), posterior.dtype) - 0.5)
+            return kinds, edges, sides, log_m, jnp.log(jax.random.uniform(k_u, (count,), posterior.dtype))
+
+        kinds, edges, sides, log_m, log_u = jax.vmap(draw)(chain_keys(key, chains.chain), at.up, chains.tunings[:, 0])
         cache = chains.cache
         parents, lengths, partials, log_scales, buffer, log_likelihood, accepted = kernels.fused_generations(
             *spectral_arrays(models, posterior.dtype, per_chain, b), data.tip_codes, data.tip_table, data.weights,
             parents, lengths, cache.partials, cache.log_scales, cache.current, chains.log_likelihood,
-            beta[state.heat], kinds, edges, (draws[:, 3] < 0.5).astype(jnp.int32), log_m, jnp.log(draws[:, 4]),
-            posterior.branch_rate)
+            beta[state.heat], kinds, edges, sides, log_m, log_u, posterior.branch_rate)
         up, edge = jax.vmap(to_view)(parents, lengths)
         columns = jnp.asarray([MOVES.index(name) for name in FUSED_MOVES])
         proposed = jnp.stack([count - jnp.sum(kinds, axis=1), jnp.sum(kinds, axis=1)], axis=1).astype(jnp.int32)

@@ -143,40 +143,53 @@ def pre_order_walk(consts, refs):
     lax.fori_loop(0, root + 1, node, 0)
 
 
-def _update_node(b, v, cols, consts, refs):
-    """Node `v` of chain b over the pattern columns `cols` (`_update.update_partials`'s node step, by node id):
-    its children's rows read from the buffers `buffer[b, row]` names (a tip's vectors from `tips [N + 1,
-    patterns, S]`), `p_v = (P_a x_a) o (P_b x_b)` rescaled by the power of two `2^e` of its tile maximum (as
-    `rescale_by_power_of_two`: exact) into row `v - N` of its own `buffer` entry, and `e log 2` plus its
-    internal children's subtree sums as its log scale row. Partials keep the samplers' layout `[B, 2, I, C,
-    patterns, S]`: a state of a tile is a strided `[T]` vector, so no copy to a tiled layout is ever made."""
+def _kept_node_tile(b, cols, kids, inner, which, entry, row, to, consts, refs):
+    """One pattern tile of an internal node kept by node id (the samplers' layout `[B, 2, I, C, patterns, S]`: a
+    state of a tile is a strided `[T]` vector, so no copy to a tiled layout is ever made).
+
+    Children `kids` (internal rows `inner`): a tip's vectors from `tips [N + 1, patterns, S]`, an internal
+    child's row from its buffer `which[k]`; `p = (P_a x_a) o (P_b x_b)` with `P`'s entries `entry(k, r, i, j)`,
+    rescaled by the power of two `2^e` of its tile maximum (as `rescale_by_power_of_two`: exact) into buffer
+    `to` of row `row`, and `e log 2` plus the internal children's subtree sums as its log scale row.
+    """
     num_tips, num_categories, num_states = consts[:3]
     products, below = None, None
     for k in range(2):
-        child = refs.children[b, v, k]
-        is_tip = child < num_tips
-        inner = jnp.where(is_tip, 0, child - num_tips)
-        which = refs.buffer[b, inner]
-        tip = [refs.tips[jnp.where(is_tip, child, num_tips), cols, j] for j in range(num_states)]
-        x = [[jnp.where(is_tip, tip[j], refs.partials[b, which, inner, r, cols, j]) for j in range(num_states)]
+        is_tip = kids[k] < num_tips
+        tip = [refs.tips[jnp.where(is_tip, kids[k], num_tips), cols, j] for j in range(num_states)]
+        x = [[jnp.where(is_tip, tip[j], refs.partials[b, which[k], inner[k], r, cols, j]) for j in range(num_states)]
              for r in range(num_categories)]
-        messages = [_times(refs.transition, b, child, r, x[r]) for r in range(num_categories)]
+        messages = [_product(lambda i, j, k=k, r=r: entry(k, r, i, j), x[r]) for r in range(num_categories)]
         products = messages if k == 0 else [[p * m for p, m in zip(ps, ms)] for ps, ms in zip(products, messages)]
-        scales = jnp.where(is_tip, 0.0, refs.log_scales[b, which, inner, cols])
+        scales = jnp.where(is_tip, 0.0, refs.log_scales[b, which[k], inner[k], cols])
         below = scales if k == 0 else below + scales
     exponent, inverse = _power_of_two(_tile_max(products))
-    row = v - num_tips
-    to = refs.buffer[b, row]
     for r in range(num_categories):
         for s in range(num_states):
             refs.partials[b, to, row, r, cols, s] = products[r][s] * inverse
     refs.log_scales[b, to, row, cols] = exponent.astype(below.dtype) * math.log(2.0) + below
 
 
-def _columns(t, consts):
+def _inner_rows(kids, num_tips):
+    """Each child's row among the internal nodes (0 for a tip, whose row is never read)."""
+    return [jnp.where(kid < num_tips, 0, kid - num_tips) for kid in kids]
+
+
+def _update_node(b, v, cols, consts, refs):
+    """Node `v` of chain b over the pattern columns `cols` (`_update.update_partials`'s node step, by node id):
+    its children's rows read from the buffers `buffer[b, row]` names, written to row `v - N` of its own
+    `buffer` entry (`_kept_node_tile`)."""
+    num_tips = consts[0]
+    kids = [refs.children[b, v, k] for k in range(2)]
+    inner = _inner_rows(kids, num_tips)
+    row = v - num_tips
+    _kept_node_tile(b, cols, kids, inner, [refs.buffer[b, i] for i in inner],
+                    lambda k, r, i, j: refs.transition[b, kids[k], r, i, j], row, refs.buffer[b, row], consts, refs)
+
+
+def _columns(t, patterns: int, tile: int):
     """Tile t's `T` pattern columns; the last tile starts at `patterns - T` and overlaps its neighbour (both
     write the same values there)."""
-    patterns, tile = consts[3:]
     return pl.ds(jnp.minimum(t * tile, patterns - tile), tile)
 
 
@@ -186,7 +199,7 @@ def update_walk(consts, refs):
     program reads back only rows it wrote itself (the same vectors, so the same threads), so no launch
     boundary is needed between levels."""
     b, t = pl.program_id(0), pl.program_id(1)
-    cols = _columns(t, consts)
+    cols = _columns(t, *consts[3:5])
 
     def node(i, carry):
         _update_node(b, refs.operations[b, i], cols, consts, refs)
@@ -204,7 +217,7 @@ def update_level(consts, refs):
 
     @pl.when(v >= 0)
     def _():
-        _update_node(b, v, _columns(t, consts), consts, refs)
+        _update_node(b, v, _columns(t, *consts[3:5]), consts, refs)
 
 
 def _pick(vector, index):
@@ -256,29 +269,14 @@ def fused_generations(consts, refs):
         _, first, second, lengths = tree
         kids = [_pick(first, v), _pick(second, v)]
         matrices = [transition(_pick(lengths, kid).astype(refs.partials.dtype)) for kid in kids]
-        inner = [jnp.where(kid < num_tips, 0, kid - num_tips) for kid in kids]
+        inner = _inner_rows(kids, num_tips)
         which = [jnp.where(_pick(dirty, i) > 0, 1 - _pick(buffer, i), _pick(buffer, i)) for i in inner]
         row = v - num_tips
         to = 1 - _pick(buffer, row)
 
         def one_tile(t, carry):
-            cols = pl.ds(jnp.minimum(t * tile, patterns - tile), tile)
-            products, below = None, None
-            for k in range(2):
-                is_tip = kids[k] < num_tips
-                tip = [refs.tips[jnp.where(is_tip, kids[k], num_tips), cols, j] for j in range(num_states)]
-                x = [[jnp.where(is_tip, tip[j], refs.partials[b, which[k], inner[k], r, cols, j])
-                      for j in range(num_states)] for r in range(num_categories)]
-                messages = [_product(lambda i, j, r=r: matrices[k][r][i][j], x[r]) for r in range(num_categories)]
-                products = messages if k == 0 else [[p * m for p, m in zip(ps, ms)]
-                                                    for ps, ms in zip(products, messages)]
-                scales = jnp.where(is_tip, 0.0, refs.log_scales[b, which[k], inner[k], cols])
-                below = scales if k == 0 else below + scales
-            exponent, inverse = _power_of_two(_tile_max(products))
-            for r in range(num_categories):
-                for s in range(num_states):
-                    refs.partials[b, to, row, r, cols, s] = products[r][s] * inverse
-            refs.log_scales[b, to, row, cols] = exponent.astype(below.dtype) * math.log(2.0) + below
+            _kept_node_tile(b, _columns(t, patterns, tile), kids, inner, which,
+                            lambda k, r, i, j: matrices[k][r][i][j], row, to, consts, refs)
             return carry
 
         lax.fori_loop(0, tiles, one_tile, 0)
@@ -289,7 +287,7 @@ def fused_generations(consts, refs):
         at = 1 - _pick(buffer, row)  # the root is on every path: its proposal is in its other buffer
 
         def one_tile(t, total):
-            cols = pl.ds(jnp.minimum(t * tile, patterns - tile), tile)
+            cols = _columns(t, patterns, tile)
             site = sum(weights[r] * frequencies[i] * refs.partials[b, at, row, r, cols, i]
                        for r in range(num_categories) for i in range(num_states))
             return total + jnp.sum(refs.pattern_weights[t, :] * (jnp.log(site) + refs.log_scales[b, at, row, cols]))
