@@ -69,6 +69,16 @@ def _minus(spans: list[tuple[float, float]], cut: list[tuple[float, float]]) -> 
     return total
 
 
+def _slowest(programs: list[tuple[str, float, float]], loads: list[tuple[float, float]], keep: int = 10):
+    """The `keep` programs with the longest backend compilation (or cache load, which happens inside it):
+    [name, seconds, of which loading]."""
+    rows = []
+    for name, begin, end in programs:
+        loaded = sum(seconds for when, seconds in loads if begin <= when <= end + 1e-3)
+        rows.append([name, round(end - begin, 4), round(loaded, 4)])
+    return sorted(rows, key=lambda row: -row[1])[:keep]
+
+
 def child(out: Path, argv: list[str]) -> None:
     """Run one command in this process and write the breakdown to `out`."""
     start = time.time()
@@ -78,16 +88,21 @@ def child(out: Path, argv: list[str]) -> None:
     spans = {name: [] for name in EVENTS}
     counts = {name: 0 for name in EVENTS} | {"cache_hits": 0, "cache_misses": 0}
     cache_load = [0.0]
+    loads: list[tuple[float, float]] = []  # (when, seconds) of each cache load
+    programs: list[tuple[str, float, float]] = []  # (name, begin, end) of each backend compilation
     by_event = {event: name for name, event in EVENTS.items()}
 
     def on_span(event, begin, end, **kwargs):
         if event in by_event:
             spans[by_event[event]].append((begin, end))
             counts[by_event[event]] += 1
+            if event == EVENTS["compile"]:
+                programs.append((kwargs.get("fun_name", "?"), begin, end))
 
     def on_duration(event, seconds, **kwargs):
         if event == CACHE_LOAD:
             cache_load[0] += seconds
+            loads.append((time.time(), seconds))
 
     def on_event(event, **kwargs):
         if event == CACHE_HITS:
@@ -112,7 +127,8 @@ def child(out: Path, argv: list[str]) -> None:
     record = {"exit": code, "import_s": imported - start, "trace_s": trace, "lower_s": lower,
               "compile_s": max(0.0, compile_all - cache_load[0]), "cache_load_s": cache_load[0],
               "inside_s": end - start, "counts": counts,
-              "cache_dir": jax.config.jax_compilation_cache_dir}
+              "cache_dir": jax.config.jax_compilation_cache_dir,
+              "programs": _slowest(programs, loads)}
     record["running_s"] = record["inside_s"] - sum(record[k] for k in ("import_s", "trace_s", "lower_s", "compile_s",
                                                                           "cache_load_s"))
     out.write_text(json.dumps(record))
@@ -131,6 +147,7 @@ def commands(data: Path, work: Path, quick: bool) -> dict[str, tuple[list[str], 
     ml = ["ml", alignment, "-m", "GTR+G4", "--seed", "1", "--patience", *patience]
     replicates = "4" if quick else "10"
     mb = work / "mb.nex"
+    parts = str(work / "parts.txt")  # written by `partition_file`: the alignment in three contiguous thirds
     return {
         "loglik": (["loglik", alignment, tree, "-m", "GTR+G4"],
                    ["iqtree2", "-s", alignment, "-te", tree, "-blfix", "-m", "GTR+G4", "-nt", "1", "-redo", "-quiet",
@@ -139,6 +156,7 @@ def commands(data: Path, work: Path, quick: bool) -> dict[str, tuple[list[str], 
         "ml -b": (ml + ["-b", replicates, "--out", str(work / "mlb")],
                   iq + ["-b", replicates, "-pre", str(work / "iq-mlb")]),
         "ml -B": (ml + ["-B", "1000", "--out", str(work / "mlB")], iq + ["-B", "1000", "-pre", str(work / "iq-mlB")]),
+        "ml -p": (ml + ["-p", parts, "--out", str(work / "mlp")], iq + ["-p", parts, "-pre", str(work / "iq-mlp")]),
         "ml --alrt": (ml + ["--alrt", "1000", "--out", str(work / "mla")],
                       iq + ["-alrt", "1000", "-pre", str(work / "iq-mla")]),
         "models": (["models", alignment, "--mset", "HKY,GTR", "--mrate", "E,G", "--quiet", "--out",
@@ -169,6 +187,16 @@ def mrbayes_script(data: Path, work: Path, generations: int) -> None:
         f" matrix\n{rows}\n ;\nend;\nbegin mrbayes;\n set autoclose=yes nowarn=yes seed=1 swapseed=1;\n"
         f" lset nst=6 rates=gamma ngammacat=4;\n mcmc ngen={generations} nruns=2 nchains=2 samplefreq=100"
         f" printfreq=1000 diagnfreq=1000 file={work / 'mb'};\nend;\n")
+
+
+def partition_file(data: Path, work: Path) -> None:
+    """`parts.txt`: the alignment's sites in three contiguous thirds, RAxML-style (every part GTR+G4 from -m,
+    linked lengths times a rate per part: `-p`, for jaxphylo and IQ-TREE alike)."""
+    from Bio import SeqIO
+
+    width = len(next(SeqIO.parse(str(data / "alignment.fasta"), "fasta")).seq)
+    cuts = [0, width // 3, 2 * width // 3, width]
+    (work / "parts.txt").write_text("".join(f"DNA, part{k + 1} = {cuts[k] + 1}-{cuts[k + 1]}\n" for k in range(3)))
 
 
 def run_child(argv: list[str], env: dict, out: Path, first: Path | None = None) -> dict:
@@ -243,6 +271,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="jaxphylo-startup-") as tmp:
         tmp = Path(tmp)
         mrbayes_script(data, tmp, 2000)
+        partition_file(data, tmp)
         chosen = commands(data, tmp, args.quick)
         names = list(chosen) if args.commands == "all" else args.commands.split(",")
         for name in names:
@@ -258,10 +287,17 @@ def main() -> None:
                     shutil.rmtree(tmp / folder, ignore_errors=True)
                 first = tmp / FIRST_SAMPLE[name] if name in FIRST_SAMPLE else None
                 row[state] = run_child(argv, env, tmp / f"record-{len(table)}-{state}.json", first)
+            if cache.is_dir():  # what the warm run read: the largest entries, in MB
+                sizes = sorted((f.stat().st_size for f in cache.rglob("*") if f.is_file()), reverse=True)
+                row["cache_mb"] = {"entries": len(sizes), "total": round(sum(sizes) / 2**20, 2),
+                                   "largest": [round(size / 2**20, 2) for size in sizes[:8]]}
             row["reference"] = reference and reference[0]
             row["reference_s"] = reference_time(reference, tmp)
             table.append(row)
             print_row(row)
+            print("  slowest programs, warm (name, s, of it loading):",
+                  ", ".join(f"{n} {t:.2f}/{lo:.2f}" for n, t, lo in row["warm"]["programs"][:6]),
+                  "| cache:", row.get("cache_mb"), flush=True)
             path = write(args, table)  # after every command: a long run stopped early keeps what it measured
     print(f"wrote {path}")
 

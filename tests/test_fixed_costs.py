@@ -219,11 +219,33 @@ def test_a_second_ml_search_in_one_process_traces_nothing(tmp_path):
     alignment, _, _ = _simulated("m", 300, 5, 0.0)
     argv = ["ml", str(write_fasta(alignment, tmp_path / "a.fasta")), "-m", "GTR+G4", "--seed", "1",
             "--patience", "2", "--starts", "4"]
-    assert main(argv + ["--out", str(tmp_path / "one")]) == 0
+    with Programs() as first:
+        assert main(argv + ["--out", str(tmp_path / "one")]) == 0
+    # The model is fitted with 1e-3 at the start and 1e-4 at the end: one program (none if an earlier test
+    # compiled it), not one per tolerance.
+    assert first.compiled.count("jit(_minimise)") <= 1, first.compiled
     with Programs() as programs:
         assert main(argv + ["--out", str(tmp_path / "two")]) == 0
     assert programs.traced == [] and programs.compiled == []
     assert (tmp_path / "one.treefile").read_text() == (tmp_path / "two.treefile").read_text()
+
+
+def test_an_optimisers_tolerance_and_iterations_are_data_not_program():
+    """`minimise` with another tolerance or iteration cap runs the program it compiled, and still obeys both."""
+    from jaxphylo.ml._optimise import minimise
+
+    def objective(x, centre):
+        return jax.numpy.sum((x - centre) ** 4)
+
+    x0, centre = jax.numpy.zeros(3), jax.numpy.asarray([1.0, -2.0, 0.5])
+    minimise(objective, x0, (centre,), "lbfgs", 1e-3, 2000)
+    with Programs() as programs:
+        loose = minimise(objective, x0, (centre,), "lbfgs", 1e-1, 2000)
+        tight = minimise(objective, x0, (centre,), "lbfgs", 1e-12, 2000)
+        capped = minimise(objective, x0, (centre,), "lbfgs", 1e-12, 3)
+    assert programs.traced == [] and programs.compiled == []
+    assert int(capped[2]) == 3 and int(loose[2]) < int(tight[2]) <= 2000
+    assert float(tight[1]) < float(loose[1]) and float(tight[1]) < 1e-6
 
 
 def test_the_host_schedule_packs_and_runs_the_device_schedules_program():

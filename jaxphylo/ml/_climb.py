@@ -127,8 +127,22 @@ def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilo
         ufboot.observe(parents, lengths, scores)
     if not bool(jnp.any(any_move)):
         return parents, lengths, log_likelihoods, False, False
-    candidates_l, candidate_ll = optimise_lengths(jnp.concatenate([all_p, one_p]), jnp.concatenate([all_l, one_l]),
-                                                  jnp.concatenate([fixed, fixed]), _doubled(problem))
+    candidates_l, candidate_ll = optimise_lengths(*_both(all_p, one_p, all_l, one_l, fixed), _doubled(problem))
+    parents, lengths, log_likelihoods, improved = _best_of_three(parents, lengths, log_likelihoods, all_p, one_p,
+                                                                 candidates_l, candidate_ll, epsilon)
+    return parents, lengths, log_likelihoods, True, bool(improved)
+
+
+@jax.jit
+def _both(all_p, one_p, all_l, one_l, fixed):
+    """The round's two candidate batches stacked into one (one re-fit of `2 B` trees)."""
+    return (jnp.concatenate([all_p, one_p]), jnp.concatenate([all_l, one_l]), jnp.concatenate([fixed, fixed]))
+
+
+@jax.jit
+def _best_of_three(parents, lengths, log_likelihoods, all_p, one_p, candidates_l, candidate_ll, epsilon):
+    """Every tree's best of itself, its all-NNI and its one-NNI neighbour (`epsilon` traced: one program);
+    returns `(parents, lengths, log L, whether any tree gained more than epsilon)`."""
     b = parents.shape[0]
     options = jnp.stack([log_likelihoods, candidate_ll[:b], candidate_ll[b:]])
     improved = jnp.max(options, axis=0) > log_likelihoods + epsilon
@@ -136,8 +150,7 @@ def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilo
     parents = jnp.take_along_axis(jnp.stack([parents, all_p, one_p]), pick, axis=0)[0]
     lengths = jnp.stack([lengths, candidates_l[:b], candidates_l[b:]])
     lengths = jnp.take_along_axis(lengths, mask_like(pick, lengths), axis=0)[0]
-    log_likelihoods = jnp.where(improved, jnp.max(options, axis=0), log_likelihoods)
-    return parents, lengths, log_likelihoods, True, bool(jnp.any(improved))
+    return parents, lengths, jnp.where(improved, jnp.max(options, axis=0), log_likelihoods), jnp.any(improved)
 
 
 @eqx.filter_jit

@@ -42,10 +42,13 @@ SECOND_SHAPE_START = 0.5
 PARAMETER_GROUPS = SUBSTITUTION_PARAMETERS | RATE_PARAMETERS
 
 
+# Jitted: host code calls them between fits, where each operation would be a program of its own to trace and load.
+@jax.jit
 def lengths_from_unconstrained(u: Float[Array, "*B M"]) -> Float[Array, "*B M"]:
     return MIN_LENGTH + (MAX_LENGTH - MIN_LENGTH) * jax.nn.sigmoid(u)
 
 
+@jax.jit
 def lengths_to_unconstrained(lengths: Float[Array, "*B M"]) -> Float[Array, "*B M"]:
     x = (jnp.clip(lengths, 2 * MIN_LENGTH, 0.999 * MAX_LENGTH) - MIN_LENGTH) / (MAX_LENGTH - MIN_LENGTH)
     return jnp.log(x) - jnp.log1p(-x)

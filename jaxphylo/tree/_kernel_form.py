@@ -19,6 +19,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
@@ -198,6 +199,7 @@ def root_on_first_tip(parent: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarr
     return rooted_on_first_tip(*unrooted(parent, lengths))
 
 
+@jax.jit  # called from the search's host code too: one program, not an operation dispatched at a time
 def fixed_branches(parent):
     """Mask of the branches that are not free: the root's (unused) and its internal child's (zero)."""
     root = jnp.argmin(parent, axis=-1)
