@@ -90,6 +90,7 @@ def child(out: Path, argv: list[str]) -> None:
     cache_load = [0.0]
     loads: list[tuple[float, float]] = []  # (when, seconds) of each cache load
     programs: list[tuple[str, float, float]] = []  # (name, begin, end) of each backend compilation
+    building: dict[str, float] = {}  # name -> seconds of tracing and lowering (nested traces count in each)
     by_event = {event: name for name, event in EVENTS.items()}
 
     def on_span(event, begin, end, **kwargs):
@@ -98,6 +99,9 @@ def child(out: Path, argv: list[str]) -> None:
             counts[by_event[event]] += 1
             if event == EVENTS["compile"]:
                 programs.append((kwargs.get("fun_name", "?"), begin, end))
+            else:
+                name = kwargs.get("fun_name", "?")
+                building[name] = building.get(name, 0.0) + end - begin
 
     def on_duration(event, seconds, **kwargs):
         if event == CACHE_LOAD:
@@ -128,7 +132,8 @@ def child(out: Path, argv: list[str]) -> None:
               "compile_s": max(0.0, compile_all - cache_load[0]), "cache_load_s": cache_load[0],
               "inside_s": end - start, "counts": counts,
               "cache_dir": jax.config.jax_compilation_cache_dir,
-              "programs": _slowest(programs, loads)}
+              "programs": _slowest(programs, loads),
+              "building": sorted(([name, round(s, 4)] for name, s in building.items()), key=lambda r: -r[1])[:10]}
     record["running_s"] = record["inside_s"] - sum(record[k] for k in ("import_s", "trace_s", "lower_s", "compile_s",
                                                                           "cache_load_s"))
     out.write_text(json.dumps(record))
@@ -295,6 +300,8 @@ def main() -> None:
             row["reference_s"] = reference_time(reference, tmp)
             table.append(row)
             print_row(row)
+            print("  slowest to trace and lower, warm (s):",
+                  ", ".join(f"{n} {t:.2f}" for n, t in row["warm"]["building"][:6]))
             print("  slowest programs, warm (name, s, of it loading):",
                   ", ".join(f"{n} {t:.2f}/{lo:.2f}" for n, t, lo in row["warm"]["programs"][:6]),
                   "| cache:", row.get("cache_mb"), flush=True)

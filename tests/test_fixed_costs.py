@@ -232,7 +232,7 @@ def test_a_second_ml_search_in_one_process_traces_nothing(tmp_path):
 
 def test_an_optimisers_tolerance_and_iterations_are_data_not_program():
     """`minimise` with another tolerance or iteration cap runs the program it compiled, and still obeys both."""
-    from jaxphylo.ml._optimise import minimise
+    from jaxphylo.ml import minimise
 
     def objective(x, centre):
         return jax.numpy.sum((x - centre) ** 4)

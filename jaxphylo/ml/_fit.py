@@ -146,7 +146,7 @@ def fit(
     fits = [minimise(_objective, {"model": start, "lengths": lengths}, (coordinates, tree, data, precision), optimizer,
                      tolerance, max_iterations) for start in coordinates.starts()]
     params, _, iterations = min(fits, key=lambda result: float(result[1]))
-    fitted = coordinates.model(params["model"])
+    fitted = coordinates.built(params["model"])
     lengths = np.asarray(_tree_lengths(params["lengths"], tree))
     parameters = reported_parameters(coordinates.named_values(params["model"]), fitted)
     if lengths.ndim == 2:  # unlinked: every part's lengths in the model, their site-weighted mean on the tree

@@ -94,7 +94,7 @@ def optimise_model_and_lengths(parents, lengths, fixed, coordinates: ModelCoordi
                          (parents, fixed, coordinates, problem), "lbfgs", tolerance, 2000) for start in starts]
         params, fitted, taken = min(fits, key=lambda result: float(result[1]))
         iterations += int(taken)
-        model = coordinates.model(params["model"])
+        model = coordinates.built(params["model"])
         values = coordinates.named_values(params["model"])
         problem = eqx.tree_at(lambda p: p.model, problem, model)
         lengths = jnp.where(mask_like(fixed, lengths), 0.0, lengths_from_unconstrained(params["lengths"]))

@@ -65,6 +65,9 @@ class ModelCoordinates(eqx.Module):
     template: Model | PartitionedModel
     estimated: frozenset[str] | PartsEstimated = eqx.field(static=True)
 
+    # `start`, `named_values` and `built` are jitted: host code calls them between fits, where each operation
+    # would be a program of its own. `model` is not: `named_values` traces it under a handler.
+    @eqx.filter_jit
     def start(self) -> dict:
         """The template's own values of the free parameters, unconstrained.
 
@@ -108,6 +111,12 @@ class ModelCoordinates(eqx.Module):
     def __call__(self, unconstrained: dict) -> Model:
         return self.model(unconstrained)
 
+    @eqx.filter_jit
+    def built(self, unconstrained: dict) -> Model:
+        """`model(unconstrained)` as one program."""
+        return self.model(unconstrained)
+
+    @eqx.filter_jit
     def named_values(self, unconstrained: dict) -> dict:
         """The constrained value of every free parameter, by site name."""
         trace = handlers.trace(self.model).get_trace(unconstrained)
