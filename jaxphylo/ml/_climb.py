@@ -127,14 +127,15 @@ def nni_round(parents, lengths, log_likelihoods, fixed, problem: Problem, epsilo
         ufboot.observe(parents, lengths, scores)
     if not bool(jnp.any(any_move)):
         return parents, lengths, log_likelihoods, False, False
-    candidates_l, candidate_ll = optimise_lengths(*_both(all_p, one_p, all_l, one_l, fixed), _doubled(problem))
+    candidates_l, candidate_ll = optimise_lengths(*_stacked_candidates(all_p, one_p, all_l, one_l, fixed),
+                                                  _doubled(problem))
     parents, lengths, log_likelihoods, improved = _best_of_three(parents, lengths, log_likelihoods, all_p, one_p,
                                                                  candidates_l, candidate_ll, epsilon)
     return parents, lengths, log_likelihoods, True, bool(improved)
 
 
 @jax.jit
-def _both(all_p, one_p, all_l, one_l, fixed):
+def _stacked_candidates(all_p, one_p, all_l, one_l, fixed):
     """The round's two candidate batches stacked into one (one re-fit of `2 B` trees)."""
     return (jnp.concatenate([all_p, one_p]), jnp.concatenate([all_l, one_l]), jnp.concatenate([fixed, fixed]))
 

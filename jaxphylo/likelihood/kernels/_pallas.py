@@ -319,7 +319,7 @@ def update_partials(transition, tip_codes, tip_table, partials, log_scales, buff
     partials, log_scales = walk(operations.astype(jnp.int32), counts.astype(jnp.int32), children.astype(jnp.int32),
                                 buffer.astype(jnp.int32), transition, tips, partials, log_scales)
     return partials, log_scales, _update.kept_log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
-                                                         category_weights, num_tips)
+                                                              category_weights, num_tips)
 
 
 LEVEL_WIDTH = 2  # nodes per chain and launch: a move's dirty set is one or two paths to the root
@@ -348,7 +348,7 @@ def update_levels(transition, tip_codes, tip_table, partials, log_scales, buffer
                                             transition, tips, *carry),
         (partials, log_scales))
     return partials, log_scales, _update.kept_log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
-                                                         category_weights, num_tips)
+                                                              category_weights, num_tips)
 
 
 def _next_power_of_two(n: int) -> int:

@@ -75,7 +75,7 @@ def update_partials(
 
     partials, log_scales = lax.fori_loop(0, jnp.max(counts), node, (partials, log_scales))
     return partials, log_scales, kept_log_likelihoods(partials, log_scales, buffer, root, root_frequencies,
-                                                 category_weights, num_tips)
+                                                      category_weights, num_tips)
 
 
 def level_schedule(counts: Int[Array, " B"], depths: Int[Array, "B Q"], width: int
@@ -115,7 +115,7 @@ def rescale_by_power_of_two(p: Float[Array, "*batch C patterns S"]):
 
 
 def kept_log_likelihoods(partials, log_scales, buffer, root, root_frequencies, category_weights,
-                    num_tips: int) -> Float[Array, "B patterns"]:
+                         num_tips: int) -> Float[Array, "B patterns"]:
     """`log L_c` from the root's rows: its rescaled partials and the sum of log scale factors below it."""
     row = root - num_tips
     at = take_per_tree(buffer, row)
